@@ -68,7 +68,7 @@ class GymserveEnvironmentImpl:
         self.reward_components: list[str] = list(cfg.get("reward_components") or [])
         self.timeout_s = float(cfg.get("timeout_s", 600.0))
         self.pass_threshold = float(cfg.get("pass_threshold", 1.0))
-        self._directory = Directory(self.head_url) if self.head_url else None
+        self._directory = Directory(self.head_url, via_head="auto") if self.head_url else None
 
     async def _url(self) -> str:
         if self.verify_url:

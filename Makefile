@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench up clean
+.PHONY: install demo test test-fast bench up clean image compose-up compose-down
 
 install:
 	@bash deploy/install.sh
@@ -24,6 +24,16 @@ bench: install
 
 up: install
 	$(VENV)/bin/gymserve up
+
+# Docker: one CPU image for every server; the stack in docker-compose.yml (docs/deployment/docker-compose.md).
+image:
+	@bash deploy/docker/build.sh
+
+compose-up:
+	@bash deploy/docker/compose.sh up
+
+compose-down:
+	@bash deploy/docker/compose.sh down
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

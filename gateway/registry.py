@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.core.app import _server_type
+from services.core.app import server_type_name
 from services.core.config import Stack
 
 SERVER_TYPES = ("resources_servers", "responses_api_agents", "responses_api_models", "head_server")
@@ -61,7 +61,7 @@ class Instance:
         self.kind = kind
         self.host = host
         self.port = port
-        self.server_type = server_type or _server_type(kind)
+        self.server_type = server_type or server_type_name(kind)
         self.url = (url or f"http://{connect_host(host)}:{port}").rstrip("/")
         self.static = static
         self.options = dict(options or {})

@@ -26,7 +26,7 @@ from typing import Any, Callable, TextIO
 
 import httpx
 
-from services.core.app import _server_type
+from services.core.app import server_type_name
 from services.core.auth import auth_headers
 from services.core.config import ConfigError, Stack, interpolate
 from services.core.loader import available_kinds, free_port, module_name
@@ -71,7 +71,7 @@ class Child:
 
     @property
     def server_type(self) -> str:
-        return "head_server" if self.kind == "head" else _server_type(self.kind)
+        return "head_server" if self.kind == "head" else server_type_name(self.kind)
 
     @property
     def pid(self) -> int | None:

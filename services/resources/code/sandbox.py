@@ -171,6 +171,7 @@ class Sandbox:
         self.notes: list[str] = []
         self._removals: set[asyncio.Task[None]] = set()
         self.spawn_uid: int | None = None
+        self.proc_mount = True
         self.warm: WarmPool | None = None
 
     # ---- start-up ---------------------------------------------------------- #
@@ -199,7 +200,16 @@ class Sandbox:
                 self.python, self.python_binds = found
                 self.spawn_uid = SANDBOX_UID
                 self.process_limit = "rlimit (bwrap started as uid 65534)"
-        await self.probe()
+        try:
+            await self.probe()
+        except SandboxError as exc:
+            if "mount proc" not in str(exc):
+                raise
+            # A container runtime that masks /proc paths (Docker's default) forbids a fresh procfs in
+            # an unprivileged user namespace: run without any /proc inside (it shows nothing then).
+            self.proc_mount = False
+            self.notes.append("no /proc inside the sandbox: the container masks /proc paths")
+            await self.probe()
 
     async def probe(self) -> None:
         """Run tiny programs that must show: it runs, the env is clean, no network, the fork limit holds."""
@@ -269,7 +279,7 @@ class Sandbox:
             args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
         for path in self.python_binds:
             args += ["--ro-bind", path, path]
-        args += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp",
+        args += ["--proc" if self.proc_mount else "--dir", "/proc", "--dev", "/dev", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp",
                  "--chdir", "/tmp", "--json-status-fd", str(status_fd)]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]

@@ -55,13 +55,11 @@ def time_to_first_token(client: httpx.Client, url: str, prompts: list[str], toke
         start = time.perf_counter()
         with client.stream("POST", f"{url}/v1/chat/completions", json=_chat(url, prompt, tokens, stream=True)) as r:
             r.raise_for_status()
-            for line in r.iter_lines():
-                if line.startswith("data:") and '"content"' in line:
+            first = None
+            for line in r.iter_lines():  # read it all, like a real client
+                if first is None and line.startswith("data:") and '"content"' in line:
                     first = time.perf_counter() - start
-                    for _ in r.iter_lines():  # read the rest, like a real client
-                        pass
-                    return first
-        return time.perf_counter() - start
+        return first if first is not None else time.perf_counter() - start
 
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         return statistics.median(pool.map(one, prompts[:concurrency]))

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .admission import AdmissionControl, admission_options
 from .auth import OPEN_PATHS, api_key, authorized
 from .config import ServerConfig
 from .errors import BadRequest, GymError, error_body
@@ -253,6 +254,7 @@ def create_app(
     async def metrics_endpoint() -> Response:
         return Response(metrics.render(), media_type=metrics.content_type)
 
+    app.add_middleware(AdmissionControl, **admission_options(config))  # inside GymMiddleware: 503s get ids, metrics
     app.add_middleware(GymMiddleware, metrics=metrics, max_body_bytes=config.max_body_bytes)
     return app
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import math
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import error_body
+from ..errors import error_body
+from .reply import send_json
+from .request_id import request_id_of
 
 EXEMPT_PATHS = frozenset({"/", "/health", "/ready", "/metrics"})
 
@@ -104,16 +105,10 @@ class AdmissionControl:
     async def _refuse(self, scope: Scope, send: Send) -> None:
         self.rejected += 1
         retry = max(1, math.ceil(self.retry_after_s))  # Retry-After is whole seconds
-        request_id = scope.get("state", {}).get("request_id")
-        body = json.dumps(error_body(
+        await send_json(send, 503, error_body(
             f"server busy: {self.running} requests running and {self.queued} queued (max_queued="
-            f"{self.max_queued}); retry after {retry}s", "overloaded", request_id,
-            retry_after_s=retry)).encode()
-        headers: list[tuple[bytes, bytes]] = [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(retry).encode())]
-        await send({"type": "http.response.start", "status": 503, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+            f"{self.max_queued}); retry after {retry}s", "overloaded", request_id_of(scope),
+            retry_after_s=retry), extra_headers=[(b"retry-after", str(retry).encode())])
 
 
 def admission_options(config: Any) -> dict[str, Any]:

@@ -96,6 +96,15 @@ class RawGenerate:
         return total / (time.perf_counter() - start)
 
 
+def report(c: int, rate: dict, ttft: dict, rounds: int) -> None:
+    ours, static, raw = (max(rate[(side, c)]) for side in ("continuous", "static", "raw"))
+    first = {side: min(ttft[(side, c)]) for side in ("continuous", "static")}
+    print(f"concurrency {c:2d} ({rounds} round(s)): continuous {ours:6.1f} tok/s | static {static:6.1f} tok/s | "
+          f"raw generate {raw:6.1f} tok/s | continuous/raw {ours / raw:.2f} (static/raw {static / raw:.2f}, "
+          f"continuous/static {ours / static:.2f}) | time to first token continuous "
+          f"{first['continuous'] * 1000:6.0f} ms, static {first['static'] * 1000:6.0f} ms", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="local model folder (default: the embedded SmolLM2)")
@@ -120,22 +129,15 @@ def main() -> int:
         for url in servers.values():
             serve_rate(client, url, PROMPTS[:2], 4, 2)  # warm-up
         raw.rate(PROMPTS[:2], 4, 2)
-        for _ in range(args.rounds):
+        print(f"model: {folder.name}, greedy, max_tokens={args.tokens}, interleaved rounds (best so far)", flush=True)
+        for number in range(args.rounds):
             for c in levels:
                 prompts = PROMPTS[:max(c, 4)] if c == 1 else PROMPTS[:c]  # batch 1: 4 sequential requests
                 for name, url in servers.items():
                     rate.setdefault((name, c), []).append(serve_rate(client, url, prompts, args.tokens, c))
                     ttft.setdefault((name, c), []).append(time_to_first_token(client, url, prompts, args.tokens, c))
                 rate.setdefault(("raw", c), []).append(raw.rate(prompts, args.tokens, c))
-    best = {k: max(v) for k, v in rate.items()}
-    first = {k: min(v) for k, v in ttft.items()}
-    print(f"model: {folder.name}, greedy, max_tokens={args.tokens}, {args.rounds} interleaved rounds (best of)")
-    for c in levels:
-        ours, static_rate, raw_rate = best[("continuous", c)], best[("static", c)], best[("raw", c)]
-        print(f"concurrency {c:2d}: continuous {ours:6.1f} tok/s | static {static_rate:6.1f} tok/s | raw generate "
-              f"{raw_rate:6.1f} tok/s | ratio continuous/raw {ours / raw_rate:.2f} (static/raw "
-              f"{static_rate / raw_rate:.2f}, continuous/static {ours / static_rate:.2f}) | time to first token "
-              f"continuous {first[('continuous', c)] * 1000:6.0f} ms, static {first[('static', c)] * 1000:6.0f} ms")
+                report(c, rate, ttft, number + 1)
     return 0
 
 

@@ -189,7 +189,8 @@ class Engine:
 
     async def drained(self, timeout_s: float | None = None) -> None:
         """Wait until no sequence is decoding (after `pause()`, until the running batch has finished)."""
-        await asyncio.wait_for(asyncio.to_thread(self._idle.wait), timeout_s)
+        if not await asyncio.to_thread(self._idle.wait, timeout_s):
+            raise TimeoutError(f"the running batch did not finish within {timeout_s}s")
 
     @contextlib.asynccontextmanager
     async def paused(self, timeout_s: float | None = None) -> AsyncIterator[None]:
@@ -230,10 +231,12 @@ class Engine:
                 self._fail([r.job for r in batch.rows] + pending, RuntimeError("engine stopped"))
                 return
             self.waiting = sum(j.n for j in pending)
-            if self._admitting.is_set() and pending and (self.continuous or not batch):
-                group = self._admissible(pending, len(batch))
+            if pending and (self.continuous or not batch):
+                # Busy before looking at the admission flag: a pause() that saw the engine idle has cleared
+                # the flag by then, so nothing starts behind the back of a caller that waited for `drained()`.
+                self._idle.clear()
+                group = self._admissible(pending, len(batch)) if self._admitting.is_set() else []
                 if group:
-                    self._idle.clear()
                     try:
                         with torch.inference_mode():
                             self._prefill(group, batch)

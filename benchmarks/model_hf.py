@@ -31,14 +31,14 @@ STYLES = ("short story", "poem", "letter", "song")
 PROMPTS = [f"Write a {style} about a {thing}." for style in STYLES for thing in THINGS]  # 32 prompts
 
 
-def _chat(url: str, prompt: str, tokens: int, **extra: object) -> dict:
+def _chat(prompt: str, tokens: int, **extra: object) -> dict:
     return {"model": "m", "messages": [{"role": "user", "content": prompt}], "temperature": 0,
             "max_tokens": tokens, **extra}
 
 
 def serve_rate(client: httpx.Client, url: str, prompts: list[str], tokens: int, concurrency: int) -> float:
     def one(prompt: str) -> int:
-        r = client.post(f"{url}/v1/chat/completions", json=_chat(url, prompt, tokens))
+        r = client.post(f"{url}/v1/chat/completions", json=_chat(prompt, tokens))
         r.raise_for_status()
         return r.json()["usage"]["completion_tokens"]
 
@@ -53,7 +53,7 @@ def time_to_first_token(client: httpx.Client, url: str, prompts: list[str], toke
     """Median seconds from sending a streamed request to its first content chunk, C requests at once."""
     def one(prompt: str) -> float:
         start = time.perf_counter()
-        with client.stream("POST", f"{url}/v1/chat/completions", json=_chat(url, prompt, tokens, stream=True)) as r:
+        with client.stream("POST", f"{url}/v1/chat/completions", json=_chat(prompt, tokens, stream=True)) as r:
             r.raise_for_status()
             first = None
             for line in r.iter_lines():  # read it all, like a real client

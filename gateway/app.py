@@ -37,6 +37,8 @@ class Config(ServerConfig):
     health_interval_s: float = Field(5.0, gt=0, description="how often servers are sampled for health")
     proxy_connect_timeout_s: float = Field(10.0, gt=0)
     proxy_read_timeout_s: float = Field(600.0, gt=0, description="longest silence the proxy waits for")
+    # the head only forwards (each server queues its own work): it lets more requests through at once
+    max_concurrent_requests: int = Field(1024, gt=0, description="requests handled at once; more wait in order")
 
     @field_validator("stack_files", mode="before")
     @classmethod

@@ -20,8 +20,9 @@ from starlette.middleware import Middleware
 from .config import ServerConfig
 from .errors import BadRequest, GymError, error_body
 from .metrics import Metrics
-from .middleware import (REQUEST_ID_HEADER, AuthMiddleware, BodyLimitMiddleware, ErrorReplyMiddleware,
-                         MetricsMiddleware, RequestIdMiddleware, request_id_of)
+from .middleware import (REQUEST_ID_HEADER, AdmissionControl, AuthMiddleware, BodyLimitMiddleware,
+                         ErrorReplyMiddleware, MetricsMiddleware, RequestIdMiddleware, admission_options,
+                         request_id_of)
 
 log = logging.getLogger("gymserve")
 
@@ -119,6 +120,7 @@ def create_app(
         Middleware(MetricsMiddleware, metrics=metrics),
         Middleware(ErrorReplyMiddleware, metrics=metrics),
         Middleware(AuthMiddleware),
+        Middleware(AdmissionControl, **admission_options(config)),  # after auth: strangers take no queue slot
         Middleware(BodyLimitMiddleware, max_body_bytes=config.max_body_bytes),
     ]
     app = FastAPI(title=f"gymserve {config.kind or 'server'}: {config.name}", description=description,

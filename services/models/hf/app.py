@@ -33,6 +33,8 @@ class Config(ServerConfig):
     max_batch_size: int = Field(16, ge=1, description="rows decoded together (n counts as n rows)")
     max_batch_tokens: int = Field(32768, ge=1, description="padded prompt tokens per batch (long prompts batch less)")
     batch_wait_ms: float = Field(20.0, ge=0, description="after idle, wait this long for a burst to share a batch")
+    continuous_batching: bool = Field(True, description="rows join and leave the running batch at every decoding "
+                                                        "step (false: each batch runs to its longest row's end)")
     max_model_len: int | None = Field(None, gt=0, description="context limit (default: the model's)")
     default_max_tokens: int = Field(512, gt=0, description="generation length when the request sets none")
     max_n: int = Field(16, ge=1, description="largest n a chat request may ask for")
@@ -49,7 +51,8 @@ def build(config: Config) -> FastAPI:
     model = HFModel(config.model, device=config.device, dtype=config.dtype, max_batch_size=config.max_batch_size,
                     max_batch_tokens=config.max_batch_tokens, batch_wait_s=config.batch_wait_ms / 1000,
                     max_model_len=config.max_model_len, session_cache_size=config.session_cache_size,
-                    served_name=config.served_model_name, threads=config.torch_threads)
+                    served_name=config.served_model_name, threads=config.torch_threads,
+                    continuous=config.continuous_batching)
 
     async def startup() -> None:
         await asyncio.to_thread(model.load)

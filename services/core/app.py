@@ -53,7 +53,7 @@ class GymMiddleware:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex[:16]
         scope.setdefault("state", {})["request_id"] = request_id
-        path = scope["path"]
+        path = _route_path(scope)
         method = scope["method"]
 
         status_holder = {"status": 500, "started": False}
@@ -117,11 +117,18 @@ class GymMiddleware:
 
     def _observe(self, scope: Scope, method: str, status: int, elapsed: float) -> None:
         route = scope.get("route")
-        path = getattr(route, "path", None) or ("unmatched" if status == 404 else scope["path"][:64])
+        path = getattr(route, "path", None) or ("unmatched" if status == 404 else _route_path(scope)[:64])
         if path == "/metrics":
             return
         self.metrics.requests.labels(method=method, path=path, status=str(status)).inc()
         self.metrics.latency.labels(method=method, path=path).observe(elapsed)
+
+
+def _route_path(scope: Scope) -> str:
+    """The path below the app's mount point: behind a route prefix (Ray Serve mounts each
+    server at `/<name>`) `scope["path"]` still starts with `root_path`."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] or "/" if root and path.startswith(root) else path
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any], extra_headers: list[tuple[bytes, bytes]] = ()) -> None:
@@ -196,7 +203,7 @@ def create_app(
             for hook in on_startup:
                 await hook()
             state["ready"] = True
-            if config.head_url:
+            if config.head_url and config.register_with_head:
                 from .registration import heartbeat_loop
 
                 heartbeat = asyncio.create_task(heartbeat_loop(config, server_type or _server_type(config.kind)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -152,9 +153,11 @@ class RayCluster:
                 kwargs["_temp_dir"] = os.path.abspath(self.temp_dir)
             if self.num_cpus is not None:
                 kwargs["num_cpus"] = int(self.num_cpus)
-            kwargs["_metrics_export_port"] = free_port()
-            with _dynamic_agent_port():
-                ray.init(**kwargs)
+            # replicas are our servers, not background batch work: run them at normal priority
+            # (Ray nices its workers to 15); Prometheus export of Ray's own metrics is off, which
+            # spares its agent a core's share per busy node (Serve's autoscaling does not use it)
+            kwargs["_system_config"] = {"worker_niceness": 0, "enable_metrics_collection": False}
+            self._start_local_ray(kwargs)
             self.started_ray = True
         try:
             serve.context._get_global_client()  # raises when no Serve runs on this cluster
@@ -164,6 +167,24 @@ class RayCluster:
             self.started_serve = True
         else:
             self.serve_port = int(serve.context._get_global_client().http_config.port)
+
+    @staticmethod
+    def _start_local_ray(kwargs: dict[str, Any], attempts: int = 3) -> None:
+        """`ray.init` gives its raylet a fixed 30 s to register, which a loaded machine can miss:
+        clear away the half-started node and try again."""
+        import ray
+
+        for attempt in range(1, attempts + 1):
+            try:
+                with _dynamic_agent_port():
+                    ray.init(**{**kwargs, "_metrics_export_port": free_port()})
+                return
+            except Exception as exc:
+                if "timed out during startup" not in str(exc) or attempt == attempts:
+                    raise
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
+                _kill_own_session()
 
     def deploy(self, deployments: list[ServerDeployment], head_url: str) -> None:
         from ray import serve
@@ -215,6 +236,23 @@ class RayCluster:
                 for name in self.apps:
                     serve.delete(name, _blocking=True)
         ray.shutdown()
+
+
+def _kill_own_session() -> None:
+    """SIGKILL the daemons of a local Ray this process started (its session folder's name ends
+    with our pid), e.g. those of a start-up that timed out."""
+    session = re.compile(rf"session_[^/\s]*_{os.getpid()}(?:[/\s]|$)")
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if session.search(cmdline):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def _died_unexpectedly(actor: dict[str, Any]) -> bool:

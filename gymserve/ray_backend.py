@@ -25,7 +25,7 @@ from typing import Any, Iterator, TextIO
 
 import httpx
 
-from services.core.app import _server_type
+from services.core.app import server_type_name
 from services.core.auth import api_key, auth_headers
 from services.core.config import ConfigError, ServerSpec, Stack, interpolate
 from services.core.loader import free_port
@@ -53,7 +53,7 @@ class ServerDeployment:
 
     @property
     def server_type(self) -> str:
-        return _server_type(self.kind)
+        return server_type_name(self.kind)
 
     def deployment_options(self) -> dict[str, Any]:
         """Ray Serve `@serve.deployment` options from the stack entry's scaling fields."""

@@ -9,7 +9,7 @@ import pytest
 
 from gymserve.launcher import plan
 from gymserve.ray_backend import DEFAULT_MAX_ONGOING_REQUESTS, plan_deployments
-from services.core.app import _route_path
+from services.core.middleware.paths import route_path
 from services.core.config import ConfigError, load_stack
 
 STACK = {
@@ -98,4 +98,4 @@ def test_bad_scaling_fields_are_config_errors_naming_the_field(entry, field):
     ("/other/x", "/math", "/other/x"),
 ])
 def test_route_path_below_a_route_prefix(path, root, expected):
-    assert _route_path({"path": path, "root_path": root}) == expected
+    assert route_path({"path": path, "root_path": root}) == expected

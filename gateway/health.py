@@ -20,6 +20,7 @@ from .registry import Instance
 
 PROBE_PATHS = frozenset({"/", "/health", "/ready"})
 WINDOW_S = 60.0
+REPORTED_EXTRAS = ("backend", "replicas")
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -94,6 +95,9 @@ class HealthMonitor:
         now_wall = time.time()
         row: dict[str, Any] = {"name": inst.name, "server_type": inst.server_type, "kind": inst.kind,
                                "url": inst.url, "pid": inst.pid, "registration": inst.status(time.monotonic())}
+        for key in REPORTED_EXTRAS:  # what a registrar says about the server (the Ray backend: its replicas)
+            if key in inst.extra:
+                row[key] = inst.extra[key]
         started = time.perf_counter()
         try:
             ready = await self._client.get(f"{inst.url}/ready")

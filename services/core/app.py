@@ -95,7 +95,7 @@ def create_app(
             for hook in on_startup:
                 await hook()
             state["ready"] = True
-            if config.head_url:
+            if config.head_url and config.register_with_head:
                 from .registration import heartbeat_loop
 
                 heartbeat = asyncio.create_task(heartbeat_loop(config, server_type or server_type_name(config.kind)))

@@ -221,6 +221,10 @@ def build_trainer(config: TrainConfig):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     args = grpo_args(config)
+    if os.environ.get("GYMSERVE_TORCH_THREADS"):  # the same knob as the model servers' (busy small machines)
+        import torch
+
+        torch.set_num_threads(int(os.environ["GYMSERVE_TORCH_THREADS"]))
     train_rows = [row for path in config.train_data for row in read_rows(path)]
     eval_rows = [row for path in config.eval_data for row in read_rows(path)]
     if not train_rows:

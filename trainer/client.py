@@ -21,6 +21,8 @@ from services.core.client import ServiceClient
 from services.core.directory import Directory
 from services.core.errors import UpstreamError
 
+from .tokens import policy_version
+
 DEFAULT_HEAD_URL = "http://127.0.0.1:11000"
 T = TypeVar("T")
 
@@ -172,6 +174,8 @@ class RolloutClient:
         reward = record.get("reward")
         if isinstance(reward, bool) or not isinstance(reward, (int, float)):
             return failure_record(row, "upstream", f"agent reply has no numeric reward (got {reward!r})")
+        if record.get("policy_version") is None:
+            record["policy_version"] = policy_version(record.get("response"))
         return record
 
 

@@ -17,12 +17,13 @@ from pydantic import Field
 
 from services.core.app import create_app, read_json, session_id
 from services.core.config import ServerConfig
-from services.core.errors import BadRequest
+from services.core.errors import BadRequest, Unavailable
 
 from .. import openai_api as oa
 from ..openai_api import ChatRequest, ResponsesRequest
 from .service import Choice, HFModel, Turn, default_threads
 from .templates import TOOL_CALL_OPEN
+from .weights import WeightsUpdate
 
 
 class Config(ServerConfig):
@@ -43,6 +44,8 @@ class Config(ServerConfig):
                               "or a 400 worded like vLLM's")
     training_mode: bool = Field(True, description="attach token IDs and logprobs to each call's last output item")
     session_cache_size: int = Field(4096, ge=0, description="sessions whose last turn is kept for token continuity")
+    accept_weights: bool = Field(True, description="accept POST /v1/weights from a trainer on this host "
+                                                   "(safetensors file path + version) for on-policy training")
     torch_threads: int = Field(default_factory=default_threads, ge=1,
                                description="torch CPU threads (default: GYMSERVE_TORCH_THREADS, else half the cores)")
 
@@ -67,7 +70,26 @@ def build(config: Config) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model.served_name, "object": "model", "created": 0,
-                                            "owned_by": "gymserve", "max_model_len": model.max_model_len}]}
+                                            "owned_by": "gymserve", "max_model_len": model.max_model_len,
+                                            "weights_version": model.weights_version}]}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        engine = model.engine
+        counters = {k: getattr(engine, k, 0) for k in ("batches", "rows", "tokens")} if engine else {}
+        return {"model": model.served_name, "weights_version": model.weights_version, **counters}
+
+    @app.post("/v1/weights")
+    async def update_weights(request: Request) -> dict[str, Any]:
+        """A trainer on this host hands over new weights as a safetensors file path (see weights.py)."""
+        if not config.accept_weights:
+            raise BadRequest("this server does not accept weight updates (accept_weights=false)")
+        if not model.ready:
+            raise Unavailable("the model is still loading")
+        update: WeightsUpdate = oa.parse_request(WeightsUpdate, await read_json(request))
+        started = time.perf_counter()
+        version = await model.update_weights(update.path, update.version)
+        return {"weights_version": version, "seconds": round(time.perf_counter() - started, 3)}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:

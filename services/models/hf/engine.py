@@ -162,6 +162,11 @@ class Engine:
         self.steps = 0  # decoding forward passes
         self.running = 0  # rows decoding now
         self.waiting = 0  # rows queued, not yet admitted
+        self.weights_version = 0  # advanced by update_weights; every Generation carries the one it used
+        self._inflight = 0  # generate() calls between the weights gate and their result
+        self._gate: asyncio.Event | None = None  # cleared while weights are being swapped
+        self._drained: asyncio.Event | None = None  # set when no generation is in flight
+        self._update_lock: asyncio.Lock | None = None
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
@@ -204,13 +209,68 @@ class Engine:
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
                        on_update: TokenCallback | None = None) -> list[Generation]:
-        if params.max_new_tokens <= 0:
-            return [Generation([], [], [], "", "length") for _ in range(n)]
-        loop = asyncio.get_running_loop()
-        job = _Job(list(prompt_ids), params, n, loop, loop.create_future(), on_update, [None] * n, n,
-                   time.monotonic())
-        self._queue.put(job)
-        return await job.future
+        await self._wait_for_weights()
+        version = self.weights_version
+        self._inflight += 1
+        try:
+            if params.max_new_tokens <= 0:
+                generations = [Generation([], [], [], "", "length") for _ in range(n)]
+            else:
+                loop = asyncio.get_running_loop()
+                job = _Job(list(prompt_ids), params, n, loop, loop.create_future(), on_update, [None] * n, n,
+                           time.monotonic())
+                self._queue.put(job)
+                generations = await job.future
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0 and self._drained is not None:
+                self._drained.set()
+        for generation in generations:
+            generation.policy_version = version
+        return generations
+
+    # ------------------------------------------------------------------ weights
+    async def update_weights(self, apply: Callable[[Any], None], version: int | None = None) -> int:
+        """Swap the model's weights between generations; returns the new `weights_version`.
+
+        Semantics (kept by any batching strategy, since it only gates `generate`):
+        1. new `generate` calls wait at the gate;
+        2. generations already in flight finish on the old weights (their replies carry the old version);
+        3. `apply(model)` runs in a worker thread while nothing is generating (it copies tensors in place);
+        4. `weights_version` becomes `version` (default: +1) and the gate opens.
+        Concurrent updates run one after another. If `apply` raises, the old version stays and the
+        gate reopens (the weights may be partly written: callers validate before applying).
+        Must be awaited on the event loop that calls `generate`.
+        """
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        async with self._update_lock:
+            gate, drained = self._events()
+            gate.clear()
+            try:
+                while self._inflight:
+                    drained.clear()
+                    await drained.wait()
+                await asyncio.to_thread(self._apply_weights, apply)
+                self.weights_version = self.weights_version + 1 if version is None else int(version)
+            finally:
+                gate.set()
+        return self.weights_version
+
+    def _apply_weights(self, apply: Callable[[Any], None]) -> None:
+        with torch.no_grad():
+            apply(self.model)
+
+    def _events(self) -> tuple[asyncio.Event, asyncio.Event]:
+        if self._gate is None or self._drained is None:
+            self._gate, self._drained = asyncio.Event(), asyncio.Event()
+            self._gate.set()
+        return self._gate, self._drained
+
+    async def _wait_for_weights(self) -> None:
+        gate, _ = self._events()
+        while not gate.is_set():
+            await gate.wait()
 
     # ------------------------------------------------------------------ thread
     def _run(self) -> None:

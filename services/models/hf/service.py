@@ -137,6 +137,21 @@ class HFModel:
     def ready(self) -> bool:
         return self.engine is not None
 
+    @property
+    def weights_version(self) -> int:
+        return self.engine.weights_version if self.engine is not None else 0
+
+    async def update_weights(self, path: str, version: int) -> int:
+        """Load a trainer's safetensors file and swap it in between generations (see weights.py)."""
+        import asyncio
+
+        from .weights import check_tensors, copy_into, read_tensors
+
+        assert self.engine is not None
+        tensors = await asyncio.to_thread(read_tensors, path)
+        check_tensors(self.engine.model, tensors)
+        return await self.engine.update_weights(lambda model: copy_into(model, tensors), version)
+
     # ------------------------------------------------------------------ turns
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
@@ -159,7 +174,7 @@ class HFModel:
                        seed: int | None, n: int, top_logprobs: int = 0, on_update: Any = None) -> list[Generation]:
         assert self.engine is not None
         if turn.overflow:
-            return [Generation([], [], [], "", "length") for _ in range(n)]
+            return [Generation([], [], [], "", "length", self.weights_version) for _ in range(n)]
         params = SamplingParams(temperature=1.0 if temperature is None else temperature,
                                 top_p=1.0 if top_p is None else top_p, max_new_tokens=turn.max_new_tokens,
                                 stop=stop, seed=seed, top_logprobs=top_logprobs)
@@ -176,7 +191,7 @@ class HFModel:
             extra: dict[str, Any] = {}
             if training:
                 extra = {"prompt_token_ids": list(turn.prompt_ids), "generation_token_ids": list(gen.token_ids),
-                         "generation_log_probs": list(gen.logprobs)}
+                         "generation_log_probs": list(gen.logprobs), "policy_version": gen.policy_version}
                 if turn.continuity_broken:
                     extra["token_continuity_broken"] = True
                 if session and not turn.overflow:

@@ -16,6 +16,7 @@ from starlette.responses import Response, StreamingResponse
 
 from services.core.auth import auth_headers
 from services.core.errors import NotFound, UpstreamError
+from services.core.failures import FailureKind
 
 from .registry import Instance
 
@@ -84,10 +85,10 @@ class Proxy:
             upstream = await self.client.send(upstream_request, stream=True)
         except httpx.TimeoutException:
             raise UpstreamError(f"server {name!r} at {inst.url} did not answer {request.method} /{path} in time",
-                                kind="timeout") from None
+                                kind=FailureKind.TIMEOUT) from None
         except httpx.HTTPError as exc:
             raise UpstreamError(f"cannot reach server {name!r} at {inst.url}: {type(exc).__name__}: {exc}",
-                                kind="upstream") from None
+                                kind=FailureKind.UPSTREAM) from None
         headers = [(k, v) for k, v in upstream.headers.multi_items() if k.lower() not in _RESPONSE_DROP]
         if "content-length" in upstream.headers and "transfer-encoding" not in upstream.headers:
             headers.append(("content-length", upstream.headers["content-length"]))

@@ -20,9 +20,11 @@ from pydantic import Field, field_validator, model_validator
 
 from services.core.app import read_json
 from services.core.errors import BadRequest, Unavailable
+from services.core.failures import FailureKind
 from services.core.metrics_agg import _rows, aggregate_metrics
+from services.core.replies import failed_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
-from services.core.schemas import VerifyReply, VerifyRequest, failed_reply
+from services.core.schemas import VerifyReply, VerifyRequest
 
 from .batcher import DynamicBatcher
 from .formatting import Encoded, Encoder, rollout_messages, validate_conversation
@@ -83,8 +85,17 @@ class Config(ResourceConfig):
         return self
 
 
+class RewardModelReply(VerifyReply):
+    reward_model_score: float | None = Field(None, description="the raw score before score_transform")
+    truncated: bool | None = Field(None, description="the conversation was cut to max_model_len")
+    num_tokens: int | None = None
+
+
 class RewardModel(Environment):
     config_model = Config
+    reply_model = RewardModelReply
+    example_row = {"responses_create_params": {"input": [{"role": "user", "content": "Write a haiku."}]}}
+    example_answer = "Waves fold into foam"
     description = "Reward = the single logit of a sequence-classification reward model on the conversation."
 
     def __init__(self, config: Config) -> None:
@@ -193,7 +204,7 @@ class RewardModel(Environment):
         try:
             raw, reward = await self.score_encoded([encoded])
         except ScoringError as exc:
-            return failed_reply(request, "crash", exc.message, truncated=encoded.truncated)
+            return failed_reply(request, exc.kind, exc.message, truncated=encoded.truncated)
         return _reply(request, raw[0], reward[0], encoded)
 
     async def verify_many(self, requests: list[VerifyRequest]) -> list[VerifyReply]:
@@ -218,9 +229,9 @@ class RewardModel(Environment):
         replies = []
         for request, enc, result in zip(requests, encoded, outcome):
             if isinstance(enc, BadRequest):
-                replies.append(failed_reply(request, "bad_request", enc.message))
+                replies.append(failed_reply(request, FailureKind.BAD_REQUEST, enc.message))
             elif isinstance(result, ScoringError):
-                replies.append(failed_reply(request, "crash", result.message, truncated=enc.truncated))
+                replies.append(failed_reply(request, result.kind, result.message, truncated=enc.truncated))
             else:
                 replies.append(_reply(request, result, next(transformed), enc))
         return replies
@@ -256,9 +267,8 @@ class RewardModel(Environment):
 
 
 def _reply(request: VerifyRequest, raw: float, reward: float, encoded: Encoded) -> VerifyReply:
-    data = request.model_dump()
-    data.update(reward=reward, reward_model_score=raw, truncated=encoded.truncated, num_tokens=encoded.num_tokens)
-    return VerifyReply.model_validate(data)
+    return scored_reply(request, reward, reward_model_score=raw, truncated=encoded.truncated,
+                        num_tokens=encoded.num_tokens)
 
 
 def _model_max_len(model_name: str, tokenizer: Any, trust_remote_code: bool) -> int:

@@ -39,7 +39,7 @@ def failure_of(exc: BaseException) -> tuple[FailureKind, str]:
     from .pool import TaskError, WorkerFailure
 
     if isinstance(exc, WorkerFailure):
-        return as_kind(exc.kind), f"worker {exc}" if str(exc) else "worker failed"
+        return as_kind(exc.kind), str(exc) or "worker failed"
     if isinstance(exc, TaskError):
         return FailureKind.CRASH, f"verifier raised {exc}"
     if isinstance(exc, BadRequest):

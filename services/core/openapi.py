@@ -81,8 +81,12 @@ def list_of(model: type[BaseModel] | dict[str, Any]) -> dict[str, Any]:
 def describe(*, body: type[BaseModel] | dict[str, Any] | None = None, reply: type[BaseModel] | dict[str, Any] | None = None,
              errors: Iterable[int] = (), body_required: bool = True, examples: dict[str, Any] | None = None,
              reply_examples: dict[str, Any] | None = None, reply_media: str = "application/json",
-             parameters: list[dict[str, Any]] | None = None, summary: str | None = None) -> dict[str, Any]:
-    """Keyword arguments for `app.post(...)`/`app.get(...)`: request body, 200 reply, error replies."""
+             parameters: list[dict[str, Any]] | None = None, summary: str | None = None,
+             stream: bool = False, passes_4xx: bool = False) -> dict[str, Any]:
+    """Keyword arguments for `app.post(...)`/`app.get(...)`: request body, 200 reply, error replies.
+
+    `stream`: with `"stream": true` the reply is server-sent events; `passes_4xx`: an upstream's
+    4xx is passed on unchanged (proxies), so any 4xx can answer."""
     extra: dict[str, Any] = {}
     if body is not None:
         content: dict[str, Any] = {"schema": schema_of(body)}
@@ -94,7 +98,12 @@ def describe(*, body: type[BaseModel] | dict[str, Any] | None = None, reply: typ
     ok: dict[str, Any] = {"description": "Success", "content": {reply_media: {"schema": schema_of(reply)}}}
     if reply_examples:
         ok["content"][reply_media]["examples"] = {name: {"value": value} for name, value in reply_examples.items()}
+    if stream:
+        ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
     responses: dict[int | str, dict[str, Any]] = {200: ok}
+    if passes_4xx:
+        responses["4XX"] = {"description": "The upstream's own 4xx, passed on",
+                            "content": {"application/json": {"schema": {}}}}
     for status in sorted(set(COMMON_ERRORS) | set(errors)):
         responses[status] = {"description": ERRORS[status],
                              "content": {"application/json": {"schema": ref(ErrorReply)}}}

@@ -301,6 +301,8 @@ def create_resource_app(env: Environment) -> FastAPI:
         sid = session_id(request) or (body.get("session_id") if isinstance(body, dict) else None)
         if not sid:
             raise BadRequest("no session id to close (X-Session-Id header, cookie, or body.session_id)")
+        if not isinstance(sid, str):
+            raise BadRequest(f"session_id: expected a string, got {type(sid).__name__}")
         return {"session_id": sid, "closed": await env.close_session(sid)}
 
     for name, fn in env.tools().items():

@@ -239,6 +239,14 @@ class CloseSessionReply(WireModel):
     closed: bool = Field(description="false when the session was unknown (already closed or expired)")
 
 
+class RolloutReply(VerifyReply):
+    """Agent `POST /run` reply: the resource server's verify reply plus how the rollout went."""
+
+    num_turns: int | None = Field(None, description="model calls made")
+    session_id: str | None = Field(None, description="the resource server session the rollout used")
+    stop_reason: str | None = Field(None, description="why the loop ended (e.g. no_tool_calls, max_turns)")
+
+
 class VerifyResponses(WireModel):
     verify_responses: list[dict[str, Any]]
 

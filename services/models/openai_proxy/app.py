@@ -29,12 +29,14 @@ from services.core.app import create_app, read_json, session_id
 from services.core.client import ServiceClient
 from services.core.config import ServerConfig
 from services.core.errors import UpstreamError
+from services.core.openapi import SESSION_HEADER, describe
+from services.core.schemas import ResponseObject
 
 from .. import openai_api as oa
 from ..hf.continuity import SessionTokens
-from ..hf.types import Generation
 from ..hf.service import HFModel
 from ..hf.templates import parse_tool_calls
+from ..hf.types import Generation
 from ..openai_api import ChatRequest, ResponsesRequest
 from .upstream import (VLLM_TOKEN_EXTRAS, UpstreamPicker, is_context_overflow, map_error, training_tokens,
                        upstream_message)
@@ -213,7 +215,7 @@ def build(config: Config) -> FastAPI:
             remember(session, all_fields)
         return data
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **describe(reply=oa.ModelList, errors=(502, 503, 504)))
     async def models() -> Any:
         if config.model:
             return {"object": "list", "data": [{"id": config.model, "object": "model", "created": 0,
@@ -223,7 +225,8 @@ def build(config: Config) -> FastAPI:
             raise map_error(response.status_code, upstream_message(_json(response), response.text))
         return JSONResponse(response.json())
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **describe(body=oa.ChatRequest, reply=oa.ChatCompletion, stream=True,
+                                                 parameters=[SESSION_HEADER], errors=(429, 502, 503, 504), passes_4xx=True))
     async def chat(request: Request) -> Any:
         body = await read_json(request)
         req: ChatRequest = oa.parse_request(ChatRequest, body)
@@ -233,7 +236,8 @@ def build(config: Config) -> FastAPI:
             return _sse(_chat_events(data, req))
         return JSONResponse(data)
 
-    @app.post("/v1/responses")
+    @app.post("/v1/responses", **describe(body=oa.ResponsesRequest, reply=ResponseObject, stream=True,
+                                          parameters=[SESSION_HEADER], errors=(429, 502, 503, 504), passes_4xx=True))
     async def responses(request: Request) -> Any:
         body = await read_json(request)
         req: ResponsesRequest = oa.parse_request(ResponsesRequest, body)

@@ -16,12 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Literal, TypeVar
 
 from fastapi import FastAPI, Request
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.core.app import read_json
 from services.core.errors import BadRequest, Unavailable
 from services.core.failures import FailureKind
 from services.core.metrics_agg import _rows, aggregate_metrics
+from services.core.openapi import describe
 from services.core.replies import failed_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
 from services.core.schemas import VerifyReply, VerifyRequest
@@ -89,6 +90,33 @@ class RewardModelReply(VerifyReply):
     reward_model_score: float | None = Field(None, description="the raw score before score_transform")
     truncated: bool | None = Field(None, description="the conversation was cut to max_model_len")
     num_tokens: int | None = None
+
+
+class ScoreRequest(BaseModel):
+    conversations: list[list[dict[str, Any]]] = Field(description="conversations of {role, content} messages")
+
+
+class ScoreReply(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    scores: list[float]
+    truncated: list[bool]
+    num_tokens: list[int]
+    raw_scores: list[float] | None = None
+
+
+class OpenRLHFRewardRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    query: list[str] | str = Field(description="formatted prompt + response texts")
+    prompts: list[Any] | None = None
+    labels: list[Any] | None = None
+
+
+class OpenRLHFRewardReply(BaseModel):
+    rewards: list[float]
+    scores: list[float]
+    extra_logs: dict[str, Any]
 
 
 class RewardModel(Environment):
@@ -318,7 +346,7 @@ def build(config: Config) -> FastAPI:
     env = RewardModel(config)
     app = create_resource_app(env)
 
-    @app.post("/score")
+    @app.post("/score", **describe(body=ScoreRequest, reply=ScoreReply, errors=(503,)))
     async def score(request: Request) -> dict[str, Any]:
         """{"conversations": [[{role, content}, ...], ...]} -> {"scores": [...]} in order."""
         conversations = _conversations(await read_json(request), config.max_batch_items)
@@ -333,7 +361,7 @@ def build(config: Config) -> FastAPI:
             reply["raw_scores"] = raw
         return reply
 
-    @app.post("/get_reward")
+    @app.post("/get_reward", **describe(body=OpenRLHFRewardRequest, reply=OpenRLHFRewardReply, errors=(503,)))
     async def get_reward(request: Request) -> dict[str, Any]:
         """OpenRLHF remote reward model: {"query": [text], "prompts"?, "labels"?} -> {rewards, scores, extra_logs}."""
         queries = _queries(await read_json(request), config.max_batch_items)
@@ -344,7 +372,7 @@ def build(config: Config) -> FastAPI:
         return {"rewards": rewards, "scores": rewards,
                 "extra_logs": {"reward_model_score": raw, "truncated": [float(e.truncated) for e in encoded]}}
 
-    @app.get("/stats")
+    @app.get("/stats", **describe(reply={"type": "object"}))
     async def stats() -> dict[str, Any]:
         return env.stats()
 

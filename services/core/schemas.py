@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, field_validator, model_validator
 
+from .content import content_text
 from .failures import FAILURE_KINDS, FailureKind  # noqa: F401  (re-exported: part of the wire contract)
 
 
@@ -81,13 +82,7 @@ class MessageItem(TrainingTokens):
     content: Union[str, list[dict[str, Any]]] = Field(default_factory=list)
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(
-            str(part.get("text", ""))
-            for part in self.content
-            if isinstance(part, dict) and part.get("type") in ("output_text", "input_text", "text")
-        )
+        return content_text(self.content)
 
 
 class FunctionCallItem(TrainingTokens):

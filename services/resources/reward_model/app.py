@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from services.core.app import read_json
 from services.core.errors import BadRequest, Unavailable
 from services.core.failures import FailureKind
-from services.core.metrics_agg import _rows, aggregate_metrics
+from services.core.metrics_agg import aggregate_metrics, metrics_rows
 from services.core.openapi import describe
 from services.core.replies import failed_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
@@ -267,7 +267,7 @@ class RewardModel(Environment):
     def aggregate(self, body: Any) -> dict[str, Any]:
         """The shared statistics plus NeMo RL's `reward_model_env/*` keys (over unmasked rewards)."""
         out = aggregate_metrics(body)
-        rows, _ = _rows(body)
+        rows, _ = metrics_rows(body)
         rewards = [float(r.get("reward", 0.0)) for r in rows if isinstance(r, dict) and not r.get("mask_sample")]
         out.update({
             f"{METRIC_PREFIX}num_samples": len(rows),

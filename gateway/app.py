@@ -20,11 +20,13 @@ from services.core.config import (DEFAULT_HEAD_PORT, ConfigError, ServerConfig, 
                                   interpolate, load_stack, redact)
 from services.core.errors import BadRequest, NotFound
 from services.core.hosts import connect_host, connect_url
+from services.core.openapi import describe, list_of
 
 from . import dashboard
 from .health import HealthMonitor
 from .proxy import Proxy
 from .registry import Registration, Registry
+from .schemas import HealthReport, Registered, ServerInstance, Unregistered, UnregisterRequest
 
 
 class Config(ServerConfig):
@@ -88,7 +90,8 @@ def build(config: Config) -> FastAPI:
                      description="gymserve head: registry, config, proxy, health")
     app.state.registry = registry
 
-    @app.post("/register")
+    @app.post("/register", **describe(body=Registration, reply=Registered, errors=(422,),
+                                      summary="A server announces itself (and heartbeats)"))
     async def register(request: Request) -> dict[str, Any]:
         body = await read_json(request)
         if not isinstance(body, dict):
@@ -100,7 +103,7 @@ def build(config: Config) -> FastAPI:
         inst = registry.register(reg)
         return {"status": "registered", "name": inst.name, "url": inst.url, "ttl_s": reg.ttl_s}
 
-    @app.post("/unregister")
+    @app.post("/unregister", **describe(body=UnregisterRequest, reply=Unregistered, errors=(404,)))
     async def unregister(request: Request) -> dict[str, Any]:
         body = await read_json(request)
         name = body.get("name") if isinstance(body, dict) else None
@@ -110,18 +113,19 @@ def build(config: Config) -> FastAPI:
             raise NotFound(f"no server named {name!r} is registered")
         return {"status": "unregistered", "name": name}
 
-    @app.get("/server_instances")
+    @app.get("/server_instances", **describe(reply=list_of(ServerInstance)))
     async def server_instances() -> list[dict[str, Any]]:
         return registry.rows()
 
-    @app.get("/server_instances/{name}")
+    @app.get("/server_instances/{name}", **describe(reply=ServerInstance, errors=(404, 422)))
     async def server_instance(name: str) -> dict[str, Any]:
         for row in registry.rows():
             if row["name"] == name:
                 return row
         raise NotFound(f"no server named {name!r} is registered with the head")
 
-    @app.get("/global_config_dict_yaml")
+    @app.get("/global_config_dict_yaml", **describe(
+        reply={"type": "string", "description": "the resolved config as YAML (secrets redacted)"}))
     async def global_config_dict_yaml() -> JSONResponse:
         text = yaml.safe_dump(global_config(config, stack, registry), sort_keys=False, default_flow_style=False)
         return JSONResponse(text)
@@ -131,15 +135,16 @@ def build(config: Config) -> FastAPI:
         return {"head": {"name": config.name, "url": head_url, "status": "ok"},
                 "ready": sum(1 for r in rows if r["healthy"]), "total": len(rows), "servers": rows}
 
-    @app.get("/health/servers")
+    @app.get("/health/servers", **describe(reply=HealthReport))
     async def health_servers() -> dict[str, Any]:
         return await health_report()
 
-    @app.get("/status")
+    @app.get("/status", **describe(reply=HealthReport))
     async def status() -> dict[str, Any]:
         return await health_report()
 
-    @app.get("/dashboard", response_class=HTMLResponse)
+    @app.get("/dashboard", response_class=HTMLResponse,
+             **describe(reply={"type": "string"}, reply_media="text/html"))
     async def dashboard_page() -> HTMLResponse:
         report = await health_report()
         return HTMLResponse(dashboard.render(report["head"], report["servers"]))
@@ -149,10 +154,16 @@ def build(config: Config) -> FastAPI:
     async def proxy_root(request: Request, name: str) -> Response:
         return await proxy.handle(request, name, "")
 
-    @app.api_route("/servers/{name}/{path:path}",
-                   methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def proxy_route(request: Request, name: str, path: str) -> Response:
         return await proxy.handle(request, name, path)
+
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"):
+        app.add_api_route("/servers/{name}/{path:path}", proxy_route, methods=[method],
+                          operation_id=f"proxy_{method.lower()}", **describe(
+                              body={"description": "passed on unchanged"} if method in ("POST", "PUT", "PATCH") else None,
+                              body_required=False, reply={"description": "the server's own reply"},
+                              errors=(404, 422, 502, 504), passes_4xx=True,
+                              summary="Reverse proxy to a registered server"))
 
     async def resolve_url(name: str) -> str:
         inst = registry.get(name)

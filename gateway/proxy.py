@@ -24,6 +24,7 @@ from starlette.responses import Response, StreamingResponse
 
 from services.core.auth import auth_headers
 from services.core.errors import NotFound, UpstreamError
+from services.core.failures import FailureKind
 
 from .registry import Instance
 
@@ -102,10 +103,10 @@ class Proxy:
                 data=data, allow_redirects=False, compress=None, chunked=None)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
             raise UpstreamError(f"server {name!r} at {inst.url} did not answer {request.method} /{path} in time",
-                                kind="timeout") from None
+                                kind=FailureKind.TIMEOUT) from None
         except aiohttp.ClientError as exc:
             raise UpstreamError(f"cannot reach server {name!r} at {inst.url}: {type(exc).__name__}: {exc}",
-                                kind="upstream") from None
+                                kind=FailureKind.UPSTREAM) from None
         raw_headers = [(k.lower(), v) for k, v in upstream.raw_headers if k.lower() not in _RESPONSE_DROP_BYTES]
         sized = "Content-Length" in upstream.headers and "Transfer-Encoding" not in upstream.headers
         if sized:
@@ -116,7 +117,8 @@ class Proxy:
             except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
                 upstream.release()
                 raise UpstreamError(f"server {name!r} at {inst.url} broke off its reply: {type(exc).__name__}",
-                                    kind="timeout" if isinstance(exc, asyncio.TimeoutError) else "upstream") from None
+                                    kind=FailureKind.TIMEOUT if isinstance(exc, asyncio.TimeoutError)
+                                    else FailureKind.UPSTREAM) from None
             response = Response(body, status_code=upstream.status)
         else:
             response = StreamingResponse(_stream(upstream, name), status_code=upstream.status,

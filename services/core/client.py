@@ -21,6 +21,7 @@ from multidict import CIMultiDict
 
 from .auth import auth_headers
 from .errors import UpstreamError
+from .failures import FailureKind
 
 RETRY_STATUSES = frozenset({502, 503, 504})
 
@@ -100,7 +101,7 @@ class ServiceClient:
                       headers: dict[str, str] | None = None, session_id: str | None = None,
                       deadline_s: float | None = None, retries: int | None = None,
                       params: dict[str, Any] | None = None) -> Reply:
-        """One call with retries; raises UpstreamError(kind="timeout"|"upstream") when it cannot succeed.
+        """One call with retries; raises UpstreamError(kind=timeout|upstream) when it cannot succeed.
 
         4xx and other non-retryable statuses are returned to the caller unchanged.
         """
@@ -125,7 +126,7 @@ class ServiceClient:
             except aiohttp.ConnectionTimeoutError:  # the request never left: safe to try again
                 last = f"connect timeout calling {url}"
             except asyncio.TimeoutError:  # sent, no answer in time: never re-sent
-                raise UpstreamError(f"deadline exceeded calling {method} {url}", kind="timeout") from None
+                raise UpstreamError(f"deadline exceeded calling {method} {url}", kind=FailureKind.TIMEOUT) from None
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 last = f"{type(exc).__name__} calling {url}: {exc}"
             except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a malformed URL
@@ -144,7 +145,7 @@ class ServiceClient:
             if time.monotonic() + delay >= deadline:
                 break  # no time left for another attempt: that is a timeout, not a verdict on the server
             await asyncio.sleep(delay)
-        raise UpstreamError(f"deadline exceeded calling {method} {url} ({last})", kind="timeout")
+        raise UpstreamError(f"deadline exceeded calling {method} {url} ({last})", kind=FailureKind.TIMEOUT)
 
     async def post_json(self, url: str, payload: Any, **kwargs: Any) -> Any:
         """POST JSON and return the decoded JSON reply; a 4xx/5xx raises UpstreamError with its message."""
@@ -170,7 +171,7 @@ def decode(response: Reply, url: str) -> Any:
         except Exception:
             message = response.text[:500]
         raise UpstreamError(f"{url} answered {response.status_code}: {message}",
-                            kind="bad_request" if 400 <= response.status_code < 500 else "upstream",
+                            kind=FailureKind.BAD_REQUEST if 400 <= response.status_code < 500 else FailureKind.UPSTREAM,
                             upstream_status=response.status_code, body=response.text[:2000])
     try:
         return response.json()

@@ -38,21 +38,23 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
+from .failures import FailureKind
+
 log = logging.getLogger("gymserve.pool")
 
 
 class WorkerFailure(Exception):
     """An item could not be run to completion for an infrastructure reason."""
 
-    kind = "crash"
+    kind = FailureKind.CRASH
 
 
 class WorkerTimeout(WorkerFailure):
-    kind = "timeout"
+    kind = FailureKind.TIMEOUT
 
 
 class WorkerCrash(WorkerFailure):
-    kind = "crash"
+    kind = FailureKind.CRASH
 
 
 class PoolOverloaded(Exception):

@@ -18,6 +18,8 @@ from pydantic import Field
 from services.core.app import create_app, read_json, session_id
 from services.core.config import ServerConfig
 from services.core.errors import BadRequest, Unavailable
+from services.core.openapi import SESSION_HEADER, describe
+from services.core.schemas import ResponseObject
 
 from .. import openai_api as oa
 from ..openai_api import ChatRequest, ResponsesRequest
@@ -67,7 +69,7 @@ def build(config: Config) -> FastAPI:
                      description=__doc__ or "")
     app.state.model = model
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **describe(reply=oa.ModelList))
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model.served_name, "object": "model", "created": 0,
                                             "owned_by": "gymserve", "max_model_len": model.max_model_len,
@@ -91,7 +93,8 @@ def build(config: Config) -> FastAPI:
         version = await model.update_weights(update.path, update.version)
         return {"weights_version": version, "seconds": round(time.perf_counter() - started, 3)}
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **describe(body=oa.ChatRequest, reply=oa.ChatCompletion, stream=True,
+                                                 parameters=[SESSION_HEADER], errors=(429, 502, 503, 504)))
     async def chat(request: Request) -> Any:
         req: ChatRequest = oa.parse_request(ChatRequest, await read_json(request))
         if req.n > config.max_n:
@@ -119,7 +122,8 @@ def build(config: Config) -> FastAPI:
                                   **({"context_length_exceeded": True} if turn.overflow else {}))
         return JSONResponse(body)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **describe(body=oa.CompletionRequest, reply=oa.Completion, stream=True,
+                                            parameters=[SESSION_HEADER], errors=(429, 503)))
     async def completions(request: Request) -> Any:
         """Token-in/token-out completions (vLLM-style): what models/openai_proxy's `completions` mode uses."""
         req = oa.parse_request(oa.CompletionRequest, await read_json(request))
@@ -148,7 +152,8 @@ def build(config: Config) -> FastAPI:
                 "usage": {"prompt_tokens": len(ids), "completion_tokens": completion,
                           "total_tokens": len(ids) + completion}}
 
-    @app.post("/v1/responses")
+    @app.post("/v1/responses", **describe(body=oa.ResponsesRequest, reply=ResponseObject, stream=True,
+                                          parameters=[SESSION_HEADER], errors=(429, 502, 503, 504)))
     async def responses(request: Request) -> Any:
         req: ResponsesRequest = oa.parse_request(ResponsesRequest, await read_json(request))
         if req.previous_response_id:

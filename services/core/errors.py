@@ -39,7 +39,7 @@ class Unavailable(GymError):
 
 
 class UpstreamError(GymError):
-    """A call to another server failed; `kind` is a DESIGN §3 failure kind."""
+    """A call to another server failed; `kind` is a failure kind (timeout, crash, bad_request, upstream, sandbox)."""
 
     status_code = 502
     error_type = "upstream_error"

@@ -211,10 +211,11 @@ def render(specs: dict[str, dict[str, Any]]) -> str:
                     details += render_operation(path, label.lower() if label != "ANY" else "any", op, schemas)
             out += ["| method | path | summary |", "|---|---|---|", *rows, ""]
             out += details
-    if schemas.defs:
-        out += ["## Schemas", ""]
-        for name in sorted(schemas.defs):
-            out += render_schema(name, schemas.defs[name], schemas)
+    out += ["## Schemas", ""]
+    if not schemas.defs:
+        out += ["No endpoint declares typed request or reply models yet.", ""]
+    for name in sorted(schemas.defs):
+        out += render_schema(name, schemas.defs[name], schemas)
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -81,6 +81,18 @@ def test_environment_readme_has_the_fixed_sections(env: str) -> None:
 
 
 @pytest.mark.parametrize("env", ENVS)
+def test_environment_readme_documents_every_option(env: str) -> None:
+    from services.core.loader import load_server
+    from services.core.resource import ResourceConfig
+
+    own = [f for f in load_server(f"resources/{env}").Config.model_fields if f not in ResourceConfig.model_fields]
+    text = (ROOT / "services" / "resources" / env / "README.md").read_text()
+    options = text.split("## Options", 1)[1].split("## Example", 1)[0]
+    missing = [f for f in own if f"`{f}`" not in options]
+    assert not missing, f"{env}: options not under ## Options: {missing}"
+
+
+@pytest.mark.parametrize("env", ENVS)
 def test_environment_page_includes_the_readme(env: str) -> None:
     page = ROOT / "docs" / "environments" / f"{env}.md"
     assert page.read_text().strip() == f'--8<-- "services/resources/{env}/README.md"'

@@ -16,7 +16,7 @@ test: install docs
 
 # The documentation site (mkdocs.yml, docs/): --strict makes a broken link or a missing page fail.
 docs: install
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # not --quiet: it hides the warnings --strict fails on
 
 test-fast: install
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)

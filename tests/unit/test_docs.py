@@ -140,3 +140,14 @@ def test_api_reference_renders_declared_models() -> None:
     assert '`"timeout"` \\| `"crash"`' in markdown
     assert "object of `number`" in markdown
     assert "HTTPValidationError {" not in markdown
+
+
+def test_api_reference_reports_a_kind_it_cannot_build() -> None:
+    """The docs hook turns this into a warning naming the kind, which fails `mkdocs build --strict`."""
+    errors: list[str] = []
+    markdown = apiref.reference_markdown(["head", "resources/no_such_env"],
+                                         on_error=lambda kind, exc: errors.append(kind))
+    assert errors == ["resources/no_such_env"]
+    assert "### `head`" in markdown
+    with pytest.raises(Exception, match="no_such_env"):
+        apiref.reference_markdown(["resources/no_such_env"])

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench up clean image compose-up compose-down
+.PHONY: install demo test test-fast docs bench up clean image compose-up compose-down
 
 install:
 	@bash deploy/install.sh
@@ -11,8 +11,12 @@ install:
 demo: install
 	$(PY) -m gymserve.demo
 
-test: install
+test: install docs
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml, docs/): --strict makes a broken link or a missing page fail.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # not --quiet: it hides the warnings --strict fails on
 
 test-fast: install
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
@@ -36,4 +40,4 @@ compose-down:
 	@bash deploy/docker/compose.sh down
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build site *.egg-info

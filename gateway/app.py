@@ -1,4 +1,5 @@
-"""The head server: registry, redacted config, reverse proxy, aggregated health, dashboard.
+"""The head server: registry, redacted config, reverse proxy, aggregated health, dashboard,
+training curves.
 
 `gymserve up` starts it first with the resolved stack in GYMSERVE_SERVER_SPEC; it can
 also run alone (`gymserve serve head stack_files=[deploy/stacks/x.yaml]`), with
@@ -24,6 +25,9 @@ from . import dashboard
 from .health import HealthMonitor
 from .proxy import Proxy
 from .registry import Registration, Registry, connect_host
+from .training import TrainingLog, TrainingStep
+
+STATIC_CACHE = "public, max-age=86400"  # a day: the files change only with the installed package
 
 
 class Config(ServerConfig):
@@ -84,6 +88,7 @@ def build(config: Config) -> FastAPI:
                      on_shutdown=[proxy.aclose, monitor.stop],
                      description="gymserve head: registry, config, proxy, health")
     app.state.registry = registry
+    training = TrainingLog()
 
     @app.post("/register")
     async def register(request: Request) -> dict[str, Any]:
@@ -123,9 +128,12 @@ def build(config: Config) -> FastAPI:
         text = yaml.safe_dump(global_config(config, stack, registry), sort_keys=False, default_flow_style=False)
         return JSONResponse(text)
 
+    def head_info() -> dict[str, Any]:
+        return {"name": config.name, "url": head_url, "status": "ok"}
+
     async def health_report() -> dict[str, Any]:
         rows = await monitor.probe_all()
-        return {"head": {"name": config.name, "url": head_url, "status": "ok"},
+        return {"head": head_info(),
                 "ready": sum(1 for r in rows if r["healthy"]), "total": len(rows), "servers": rows}
 
     @app.get("/health/servers")
@@ -136,10 +144,52 @@ def build(config: Config) -> FastAPI:
     async def status() -> dict[str, Any]:
         return await health_report()
 
+    async def latest_rows() -> list[dict[str, Any]]:
+        """The last probe round (the monitor samples on a timer); a fresh round only before the first."""
+        rows = monitor.last_rows()
+        return rows if rows is not None else await monitor.probe_all()
+
     @app.get("/dashboard", response_class=HTMLResponse)
     async def dashboard_page() -> HTMLResponse:
-        report = await health_report()
-        return HTMLResponse(dashboard.render(report["head"], report["servers"]))
+        return HTMLResponse(dashboard.render(head_info(), await latest_rows(), refresh_s=config.health_interval_s))
+
+    @app.get("/dashboard/data")
+    async def dashboard_data() -> JSONResponse:
+        return JSONResponse(dashboard.payload(head_info(), await latest_rows(), monitor, training,
+                                              refresh_s=config.health_interval_s))
+
+    @app.get("/dashboard/static/{name}", include_in_schema=False)
+    async def dashboard_static(name: str) -> Response:
+        media_type = dashboard.STATIC_FILES.get(name)
+        if media_type is None:
+            raise NotFound(f"no dashboard file named {name!r}")
+        return Response((dashboard.STATIC_DIR / name).read_bytes(), media_type=media_type,
+                        headers={"Cache-Control": STATIC_CACHE})
+
+    @app.post("/training/metrics")
+    async def post_training_metrics(request: Request) -> dict[str, Any]:
+        """One trainer step record (or a list of them) for the dashboard's training charts."""
+        body = await read_json(request)
+        items = body if isinstance(body, list) else [body]
+        steps = []
+        for i, item in enumerate(items):
+            where = f"item {i}: " if isinstance(body, list) else ""
+            if not isinstance(item, dict):
+                raise BadRequest(f"{where}expected a JSON object with step, reward, kl, ...")
+            try:
+                steps.append(TrainingStep.model_validate(item))
+            except ValidationError as exc:
+                raise BadRequest(f"{where}invalid training record: {describe_validation_error(exc)}",
+                                 status_code=422) from None
+        for step in steps:
+            training.add(step)
+        return {"status": "recorded", "records": len(steps), "runs": training.runs()}
+
+    @app.get("/training/metrics")
+    async def get_training_metrics(run: str | None = None) -> dict[str, Any]:
+        if run is not None and run not in training.runs():
+            raise NotFound(f"no training run named {run!r} (runs: {', '.join(training.runs()) or 'none'})")
+        return {"runs": training.runs(), "records": training.records(run)}
 
     @app.api_route("/servers/{name}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
                    include_in_schema=False)

@@ -191,7 +191,10 @@ def create_resource_app(env: Environment) -> FastAPI:
     app.state.env = env
 
     def count(reply: VerifyReply) -> VerifyReply:
+        """Every verify reply passes here: masked ones count by failure kind, judged ones by reward."""
         metrics.failure(reply.failure_kind)
+        if not reply.mask_sample:
+            metrics.reward(reply.reward)
         return reply
 
     @app.post("/seed_session")

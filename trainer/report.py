@@ -59,14 +59,15 @@ def bar_chart(labels: Sequence[str], counts: Sequence[int], *, color: str = _BLU
                      f'<text x="{_PAD_L - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{top * frac:g}</text>')
     for i, (label, count) in enumerate(zip(labels, counts)):
         h = plot_h * count / top
-        x = _PAD_L + i * slot + slot * 0.08
+        bar_w = min(slot * 0.84, 56.0)
+        center = _PAD_L + (i + 0.5) * slot
         y = _PAD_T + plot_h - h
-        parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{slot * 0.84:.1f}" height="{h:.1f}" fill="{color}">'
-                     f'<title>{label}: {count}</title></rect>')
+        parts.append(f'<rect x="{center - bar_w / 2:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{h:.1f}" '
+                     f'fill="{color}"><title>{label}: {count}</title></rect>')
         if count:
-            parts.append(f'<text x="{x + slot * 0.42:.1f}" y="{y - 3:.1f}" class="val" text-anchor="middle">{count}</text>')
+            parts.append(f'<text x="{center:.1f}" y="{y - 3:.1f}" class="val" text-anchor="middle">{count}</text>')
         if i % every == 0:
-            parts.append(f'<text x="{x + slot * 0.42:.1f}" y="{_H - _PAD_B + 14}" class="tick" '
+            parts.append(f'<text x="{center:.1f}" y="{_H - _PAD_B + 14}" class="tick" '
                          f'text-anchor="middle">{label}</text>')
     parts.append("</svg>")
     return "".join(parts)

@@ -27,6 +27,7 @@ from .proxy import Proxy
 from .registry import Registration, Registry, connect_host
 from .training import TrainingLog, TrainingStep
 
+MAX_TRAINING_BATCH = 1000
 STATIC_CACHE = "public, max-age=86400"  # a day: the files change only with the installed package
 
 
@@ -153,10 +154,17 @@ def build(config: Config) -> FastAPI:
     async def dashboard_page() -> HTMLResponse:
         return HTMLResponse(dashboard.render(head_info(), await latest_rows(), refresh_s=config.health_interval_s))
 
+    data_cache: dict[str, Any] = {"key": None, "body": b""}
+
     @app.get("/dashboard/data")
-    async def dashboard_data() -> JSONResponse:
-        return JSONResponse(dashboard.payload(head_info(), await latest_rows(), monitor, training,
-                                              refresh_s=config.health_interval_s))
+    async def dashboard_data() -> Response:
+        """Built once per probe round and training update, however many pages poll it."""
+        rows = await latest_rows()
+        key = (monitor.sampled_at, training.version)
+        if data_cache["key"] != key:
+            data = dashboard.payload(head_info(), rows, monitor, training, refresh_s=config.health_interval_s)
+            data_cache.update(key=key, body=JSONResponse(data).body)
+        return Response(data_cache["body"], media_type="application/json")
 
     @app.get("/dashboard/static/{name}", include_in_schema=False)
     async def dashboard_static(name: str) -> Response:
@@ -171,6 +179,8 @@ def build(config: Config) -> FastAPI:
         """One trainer step record (or a list of them) for the dashboard's training charts."""
         body = await read_json(request)
         items = body if isinstance(body, list) else [body]
+        if len(items) > MAX_TRAINING_BATCH:
+            raise BadRequest(f"body: {len(items)} records in one request; send at most {MAX_TRAINING_BATCH}")
         steps = []
         for i, item in enumerate(items):
             where = f"item {i}: " if isinstance(body, list) else ""

@@ -62,8 +62,10 @@ class TrainingLog:
         self.max_steps = max_steps
         self._runs: collections.OrderedDict[str, collections.OrderedDict[int, dict[str, Any]]] = \
             collections.OrderedDict()
+        self.version = 0  # grows with every record (lets readers cache what they built)
 
     def add(self, step: TrainingStep) -> None:
+        self.version += 1
         record = step.model_dump()
         if record["time"] is None:
             record["time"] = time.time()

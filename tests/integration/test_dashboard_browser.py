@@ -176,6 +176,8 @@ def test_training_metrics_validation(stack):
     assert r.status_code == 422 and "rewards" in r.json()["detail"]
     r = head.post("/training/metrics", json=[{"step": 1}, {"step": -1}])
     assert r.status_code == 422 and "item 1" in r.json()["detail"] and "step" in r.json()["detail"]
+    r = head.post("/training/metrics", json=[{"step": 1}] * 1001)
+    assert r.status_code == 400 and "at most 1000" in r.json()["detail"]
     r = head.post("/training/metrics", content=b"{", headers={"content-type": "application/json"})
     assert r.status_code == 400
     r = head.post("/training/metrics", json={"run": "v", "step": 2, "reward": 0.5, "reward_components": {"a": 0.5}})

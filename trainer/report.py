@@ -9,6 +9,7 @@ the same bins as the head's live `gymserve_reward` histogram.
 from __future__ import annotations
 
 import html
+import json
 import math
 import statistics
 import time
@@ -209,3 +210,21 @@ def write_report(records: list[dict[str, Any]], path: str | Path, *, title: str 
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def write_training_report(output_dir: str | Path, records: list[dict[str, Any]] | None = None) -> Path:
+    """`report.html` in a training run's `output_dir`: its `metrics.jsonl` curves, plus the
+    rollout `records` when the caller kept them. Unreadable metric lines are skipped."""
+    output_dir = Path(output_dir)
+    training = []
+    metrics = output_dir / "metrics.jsonl"
+    if metrics.exists():
+        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                training.append(record)
+    return write_report(records or [], output_dir / "report.html", title=f"gymserve train: {output_dir.name}",
+                        training=training)

@@ -1,10 +1,11 @@
 """`trainer.report.write_report`: a self-contained HTML report of a run (no script, no fetches)."""
 from __future__ import annotations
 
+import json
 import re
 
 from tests.integration.browser import DomIndex
-from trainer.report import summarize, write_report
+from trainer.report import summarize, write_report, write_training_report
 
 
 def _rollout(agent: str, reward: float | None, kind: str | None = None) -> dict:
@@ -48,3 +49,12 @@ def test_report_is_self_contained_html(tmp_path):
 def test_report_without_judged_rollouts(tmp_path):
     text = write_report([_rollout("x", None, "upstream")], tmp_path / "r.html").read_text()
     assert "no judged rollouts" in text and "upstream" in text and 'id="training"' not in text
+
+
+def test_training_report_reads_metrics_jsonl(tmp_path):
+    lines = [json.dumps({"step": i, "reward": 0.2 * i, "kl": 0.01 * i}) for i in range(1, 4)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines + ["{torn"]) + "\n")
+    path = write_training_report(tmp_path, [_rollout("math", 1.0)])
+    dom = DomIndex(path.read_text())
+    assert path == tmp_path / "report.html"
+    assert len(dom.within(dom.by_id("training"), "polyline")) == 2 and dom.find("div", data_env="math")

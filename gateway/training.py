@@ -55,7 +55,7 @@ class TrainingStep(BaseModel):
 
 
 class TrainingLog:
-    """The latest runs' step records, oldest first; a repeated step replaces the earlier record."""
+    """The latest runs' step records, oldest first; a repeated step's fields update the earlier record."""
 
     def __init__(self, max_runs: int = MAX_RUNS, max_steps: int = MAX_STEPS_PER_RUN) -> None:
         self.max_runs = max_runs
@@ -70,7 +70,11 @@ class TrainingLog:
         if record["time"] is None:
             record["time"] = time.time()
         steps = self._runs.pop(step.run, None) or collections.OrderedDict()
-        steps.pop(step.step, None)
+        earlier = steps.pop(step.step, None)
+        if earlier is not None:  # a second log record of a step (e.g. the trainer's summary) adds to it
+            merged = {**earlier, **{k: v for k, v in record.items() if v is not None}}
+            merged["reward_components"] = {**earlier["reward_components"], **record["reward_components"]}
+            record = merged
         steps[step.step] = record
         while len(steps) > self.max_steps:
             steps.popitem(last=False)

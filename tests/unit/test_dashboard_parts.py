@@ -89,6 +89,8 @@ def test_training_log_orders_replaces_and_bounds():
         log.add(TrainingStep(run="a", step=step, reward=step / 10))
     log.add(TrainingStep(run="b", step=0))
     assert [r["step"] for r in log.records("a")] == [1, 2, 3] and log.latest_run() == "b"
+    log.add(TrainingStep(run="a", step=3, kl=0.5, reward_components={"x": 1.0}))  # adds to step 3
+    assert log.records("a")[-1]["reward"] == 0.3 and log.records("a")[-1]["kl"] == 0.5
     log.add(TrainingStep(run="a", step=4))
     assert [r["step"] for r in log.records("a")] == [1, 3, 4]  # oldest inserted dropped (step 2)
     log.add(TrainingStep(run="c", step=0))

@@ -18,6 +18,7 @@ from services.core.auth import auth_headers
 from .registry import Instance
 from .series import History, Sample, parse_sample
 
+
 class HealthMonitor:
     def __init__(self, instances: Callable[[], list[Instance]], *, interval_s: float = 5.0,
                  probe_timeout_s: float = 3.0) -> None:

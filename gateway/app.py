@@ -20,11 +20,12 @@ from services.core.app import create_app, read_json
 from services.core.config import (DEFAULT_HEAD_PORT, ConfigError, ServerConfig, Stack, describe_validation_error,
                                   interpolate, load_stack, redact)
 from services.core.errors import BadRequest, NotFound
+from services.core.hosts import connect_host, connect_url
 
 from . import dashboard
 from .health import HealthMonitor
 from .proxy import Proxy
-from .registry import Registration, Registry, connect_host
+from .registry import Registration, Registry
 from .training import TrainingLog, TrainingStep
 
 MAX_TRAINING_BATCH = 1000
@@ -66,7 +67,7 @@ def global_config(config: Config, stack: Stack, registry: Registry) -> dict[str,
     NeMo-Gym clients find a server's host/port by walking exactly this shape.
     """
     out: dict[str, Any] = {"head_server": {"host": connect_host(config.host), "port": config.port,
-                                           "url": f"http://{connect_host(config.host)}:{config.port}"}}
+                                           "url": connect_url(config.host, config.port)}}
     if stack.head.openrlhf_environment or config.openrlhf_environment:
         out["head_server"]["openrlhf_environment"] = config.openrlhf_environment or stack.head.openrlhf_environment
     for inst in registry.instances():
@@ -83,7 +84,7 @@ def build(config: Config) -> FastAPI:
     proxy = Proxy(registry.get, connect_timeout_s=config.proxy_connect_timeout_s,
                   read_timeout_s=config.proxy_read_timeout_s)
     monitor = HealthMonitor(registry.instances, interval_s=config.health_interval_s)
-    head_url = f"http://{connect_host(config.host)}:{config.port}"
+    head_url = connect_url(config.host, config.port)
 
     app = create_app(config, server_type="head_server", on_startup=[monitor.start],
                      on_shutdown=[proxy.aclose, monitor.stop],

@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.core.app import _server_type
+from services.core.app import server_type_name
+from services.core.hosts import connect_url
 from services.core.config import Stack
 
 SERVER_TYPES = ("resources_servers", "responses_api_agents", "responses_api_models", "head_server")
@@ -47,11 +48,6 @@ class Registration(BaseModel):
         return data
 
 
-def connect_host(host: str) -> str:
-    """The address to connect to for a bind address (0.0.0.0 means this machine)."""
-    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-
-
 class Instance:
     """One known server."""
 
@@ -61,8 +57,8 @@ class Instance:
         self.kind = kind
         self.host = host
         self.port = port
-        self.server_type = server_type or _server_type(kind)
-        self.url = (url or f"http://{connect_host(host)}:{port}").rstrip("/")
+        self.server_type = server_type or server_type_name(kind)
+        self.url = (url or connect_url(host, port)).rstrip("/")
         self.static = static
         self.options = dict(options or {})
         self.pid: int | None = None
@@ -112,7 +108,7 @@ class Registry:
         else:
             inst.kind = reg.kind or inst.kind
             inst.host, inst.port = reg.host, reg.port
-            inst.url = (reg.url or f"http://{connect_host(reg.host)}:{reg.port}").rstrip("/")
+            inst.url = (reg.url or connect_url(reg.host, reg.port)).rstrip("/")
             if reg.server_type:
                 inst.server_type = reg.server_type
         inst.pid = reg.pid

@@ -14,6 +14,8 @@ COMMANDS = {
     "prepare": "validate, convert, stamp agent_ref, blend and split datasets",
     "collect": "send rows to their agents and write rollouts, failures and metrics",
     "train": "GRPO/GDPO training with TRL's GRPOTrainer using gymserve rollouts",
+    "check": "conformance checks of one server kind (exit 0 when they all pass)",
+    "new": "scaffold a new environment: gymserve new env NAME",
 }
 
 

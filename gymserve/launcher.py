@@ -26,7 +26,8 @@ from typing import Any, Callable, TextIO
 
 import httpx
 
-from services.core.app import _server_type
+from services.core.app import server_type_name
+from services.core.hosts import connect_url
 from services.core.auth import auth_headers
 from services.core.config import ConfigError, Stack, interpolate
 from services.core.loader import available_kinds, free_port, module_name
@@ -66,12 +67,11 @@ class Child:
 
     @property
     def url(self) -> str:
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
-        return f"http://{host}:{self.port}"
+        return connect_url(self.host, self.port)
 
     @property
     def server_type(self) -> str:
-        return "head_server" if self.kind == "head" else _server_type(self.kind)
+        return "head_server" if self.kind == "head" else server_type_name(self.kind)
 
     @property
     def pid(self) -> int | None:
@@ -134,8 +134,7 @@ def plan(stack: Stack, *, where: str = "stack") -> list[Child]:
 
     base_env = {k: v for k, v in os.environ.items() if k not in ("GYMSERVE_SERVER_SPEC", "GYMSERVE_HEAD_URL")}
     base_env["PYTHONUNBUFFERED"] = "1"
-    head_host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(stack.head.host, stack.head.host)
-    head_url = f"http://{head_host}:{stack.head.port}"
+    head_url = connect_url(stack.head.host, stack.head.port)
     head_spec = {"stack": stack.model_dump(mode="json")}
     children = [Child("head", "head", stack.head.host, stack.head.port, head_spec,
                       {**base_env, "GYMSERVE_SERVER_SPEC": json.dumps(head_spec)})]

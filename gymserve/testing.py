@@ -22,7 +22,7 @@ class ServerProcess:
     """
 
     def __init__(self, kind: str, *overrides: str, name: str | None = None, port: int | None = None,
-                 env: dict[str, str] | None = None, ready_timeout_s: float = 120.0) -> None:
+                 env: dict[str, str] | None = None, ready_timeout_s: float = 120.0, keep_log: bool = True) -> None:
         self.kind = kind
         self.name = name or kind.rsplit("/", 1)[-1]
         self.port = port or free_port()
@@ -33,14 +33,20 @@ class ServerProcess:
         self.ready_timeout_s = ready_timeout_s
         self._logfile = tempfile.NamedTemporaryFile("w+", prefix=f"gymserve-{self.name}-", suffix=".log",
                                                     delete=False)
+        self.keep_log = keep_log  # False: the log file is removed once the server is stopped
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> "ServerProcess":
+        self.launch()
+        self.wait_ready()
+        return self
+
+    def launch(self) -> "ServerProcess":
+        """Start the process without waiting (several servers can then start side by side)."""
         cmd = [sys.executable, "-m", "gymserve", "serve", self.kind, "--port", str(self.port), "--name", self.name,
                *self.overrides]
         self.proc = subprocess.Popen(cmd, stdout=self._logfile, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
-        self.wait_ready()
         return self
 
     def wait_ready(self) -> None:
@@ -55,11 +61,13 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
+        log = self.log()
         self.stop()
-        raise TimeoutError(f"{self.name} not ready after {self.ready_timeout_s}s:\n{self.log()[-4000:]}")
+        raise TimeoutError(f"{self.name} not ready after {self.ready_timeout_s}s:\n{log[-4000:]}")
 
     def log(self) -> str:
-        return Path(self._logfile.name).read_text(errors="replace")
+        path = Path(self._logfile.name)
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def headers(self, **extra: str) -> dict[str, str]:
         key = self.env.get("GYMSERVE_API_KEY")
@@ -76,6 +84,14 @@ class ServerProcess:
         return httpx.get(f"{self.url}{path}", headers=headers, **kwargs)
 
     def stop(self, timeout_s: float = 15.0) -> int | None:
+        try:
+            return self._terminate(timeout_s)
+        finally:
+            if not self.keep_log:
+                self._logfile.close()
+                Path(self._logfile.name).unlink(missing_ok=True)
+
+    def _terminate(self, timeout_s: float) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else None
         with _suppress():

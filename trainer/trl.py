@@ -25,6 +25,8 @@ import logging
 from collections import defaultdict
 from typing import Any, Callable, Iterable
 
+from services.core.content import content_text
+
 from .client import RolloutClient, is_failure, run_sync
 from .tokens import StitchError, stitch
 
@@ -46,16 +48,8 @@ def row_prompt(row: dict[str, Any]) -> list[dict[str, Any]]:
         messages = [{"role": "user", "content": messages}]
     if params.get("instructions"):
         messages = [{"role": "system", "content": params["instructions"]}, *messages]
-    return [{"role": m.get("role", "user"), "content": _text(m.get("content"))} for m in messages
+    return [{"role": m.get("role", "user"), "content": content_text(m.get("content"))} for m in messages
             if isinstance(m, dict) and "role" in m]
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return "" if content is None else str(content)
 
 
 def to_trl_dataset(rows: Iterable[dict[str, Any]]):

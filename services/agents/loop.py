@@ -20,6 +20,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from services.core.client import ServiceClient, shared_client
 from services.core.config import ServerConfig, describe_validation_error
+from services.core.content import content_text
 from services.core.directory import Directory
 from services.core.errors import BadRequest, GymError, UpstreamError
 from services.core.resource import CLOSE_SESSION_HEADER
@@ -175,12 +176,7 @@ def user_message(text: str) -> dict[str, Any]:
 
 
 def message_text(item: dict[str, Any]) -> str:
-    content = item.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
+    return content_text(item.get("content"))
 
 
 class Agent:

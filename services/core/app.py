@@ -1,8 +1,7 @@
 """The app factory every gymserve server is built with.
 
-It adds liveness/readiness/metrics endpoints, request ids, JSON error bodies, a
-body-size limit, bearer auth and head registration, as plain ASGI middleware so
-the per-request cost stays small.
+It adds liveness/readiness/metrics endpoints, JSON error bodies and head registration,
+and composes the middleware (one per concern, in `services.core.middleware`).
 """
 from __future__ import annotations
 
@@ -10,20 +9,19 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
-import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.middleware import Middleware
 
-from .auth import OPEN_PATHS, api_key, authorized
 from .config import ServerConfig
 from .errors import BadRequest, GymError, error_body
 from .metrics import Metrics
+from .middleware import (REQUEST_ID_HEADER, AuthMiddleware, BodyLimitMiddleware, ErrorReplyMiddleware,
+                         MetricsMiddleware, RequestIdMiddleware, request_id_of)
 
 log = logging.getLogger("gymserve")
 
@@ -31,112 +29,12 @@ Hook = Callable[[], Awaitable[Any]]
 
 SESSION_HEADER = "x-session-id"
 SESSION_COOKIE = "gymserve_session"
-REQUEST_ID_HEADER = "x-request-id"
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-class GymMiddleware:
-    """Request id, auth, body-size limit and metrics in one ASGI layer."""
-
-    def __init__(self, app: ASGIApp, *, metrics: Metrics, max_body_bytes: int) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex[:16]
-        scope.setdefault("state", {})["request_id"] = request_id
-        path = scope["path"]
-        method = scope["method"]
-
-        status_holder = {"status": 500, "started": False}
-
-        async def send_wrapper(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status_holder["status"] = message["status"]
-                status_holder["started"] = True
-                message.setdefault("headers", [])
-                message["headers"] = list(message["headers"]) + [(b"x-request-id", request_id.encode())]
-            await send(message)
-
-        key = api_key()
-        if key and path not in OPEN_PATHS and not authorized(headers.get("authorization"), key):
-            await _send_json(send_wrapper, 401, error_body(
-                "missing or invalid bearer token (set Authorization: Bearer <GYMSERVE_API_KEY>)",
-                "unauthorized", request_id), extra_headers=[(b"www-authenticate", b"Bearer")])
-            self._observe(scope, method, 401, 0.0)
-            return
-
-        length = headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            await _send_json(send_wrapper, 413, error_body(
-                f"request body of {length} bytes exceeds the limit of {self.max_body_bytes} bytes",
-                "payload_too_large", request_id))
-            self._observe(scope, method, 413, 0.0)
-            return
-
-        received = 0
-        limit = self.max_body_bytes
-
-        async def receive_limited() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise _BodyTooLarge()
-            return message
-
-        start = time.perf_counter()
-        self.metrics.in_flight.inc()
-        try:
-            await self.app(scope, receive_limited, send_wrapper)
-        except _BodyTooLarge:
-            status_holder["status"] = 413
-            await _send_json(send_wrapper, 413, error_body(
-                f"request body exceeds the limit of {limit} bytes", "payload_too_large", request_id))
-        except Exception as exc:
-            # Answered here rather than by Starlette's outermost error middleware so the
-            # reply still carries X-Request-Id and the failure is counted.
-            log.exception("unhandled error on %s %s", method, path)
-            self.metrics.failure("crash")
-            if status_holder["started"]:
-                raise
-            await _send_json(send_wrapper, 500, error_body(
-                f"internal error: {type(exc).__name__}: {exc}", "internal_error", request_id))
-        finally:
-            self.metrics.in_flight.dec()
-            self._observe(scope, method, status_holder["status"], time.perf_counter() - start)
-
-    def _observe(self, scope: Scope, method: str, status: int, elapsed: float) -> None:
-        route = scope.get("route")
-        path = getattr(route, "path", None) or ("unmatched" if status == 404 else scope["path"][:64])
-        if path == "/metrics":
-            return
-        self.metrics.requests.labels(method=method, path=path, status=str(status)).inc()
-        self.metrics.latency.labels(method=method, path=path).observe(elapsed)
-
-
-async def _send_json(send: Send, status: int, body: dict[str, Any], extra_headers: list[tuple[bytes, bytes]] = ()) -> None:
-    payload = JSONResponse(body).body
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                    *extra_headers],
-    })
-    await send({"type": "http.response.body", "body": payload})
+__all__ = ["REQUEST_ID_HEADER", "SESSION_COOKIE", "SESSION_HEADER", "create_app", "read_json", "request_id",
+           "server_type_name", "session_id"]
 
 
 def request_id(request: Request) -> str | None:
-    return request.scope.get("state", {}).get("request_id")
+    return request_id_of(request.scope)
 
 
 async def read_json(request: Request, *, allow_empty: bool = False) -> Any:
@@ -199,7 +97,7 @@ def create_app(
             if config.head_url:
                 from .registration import heartbeat_loop
 
-                heartbeat = asyncio.create_task(heartbeat_loop(config, server_type or _server_type(config.kind)))
+                heartbeat = asyncio.create_task(heartbeat_loop(config, server_type or server_type_name(config.kind)))
             yield
         finally:
             state["ready"] = False
@@ -213,8 +111,18 @@ def create_app(
                 except Exception:  # shutdown must go on
                     log.exception("shutdown hook failed")
 
+    # Outermost first. Adding a concern is one line here; order matters: the request id wraps
+    # everything, metrics count every reply (401/413/500 included), error replies catch what the
+    # layers inside them raise, and the body limit answers its own overflow.
+    middleware = [
+        Middleware(RequestIdMiddleware),
+        Middleware(MetricsMiddleware, metrics=metrics),
+        Middleware(ErrorReplyMiddleware, metrics=metrics),
+        Middleware(AuthMiddleware),
+        Middleware(BodyLimitMiddleware, max_body_bytes=config.max_body_bytes),
+    ]
     app = FastAPI(title=f"gymserve {config.kind or 'server'}: {config.name}", description=description,
-                  lifespan=lifespan)
+                  lifespan=lifespan, middleware=middleware)
     app.state.config = config
     app.state.metrics = metrics
     app.state.gym = state
@@ -253,11 +161,10 @@ def create_app(
     async def metrics_endpoint() -> Response:
         return Response(metrics.render(), media_type=metrics.content_type)
 
-    app.add_middleware(GymMiddleware, metrics=metrics, max_body_bytes=config.max_body_bytes)
     return app
 
 
-def _server_type(kind: str) -> str:
+def server_type_name(kind: str) -> str:
     """NeMo-Gym's server_type names for our kinds."""
     family = kind.split("/", 1)[0]
     return {

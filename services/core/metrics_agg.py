@@ -11,7 +11,8 @@ from .errors import BadRequest
 _LIST_KEYS = ("verify_responses", "responses", "rollouts", "results", "items")
 
 
-def _rows(body: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def metrics_rows(body: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The verify replies in an `/aggregate_metrics` body (a list, or a dict holding one) and its options."""
     if isinstance(body, list):
         return body, {}
     if isinstance(body, dict):
@@ -40,7 +41,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def aggregate_metrics(body: Any, *, pass_threshold: float | None = None) -> dict[str, Any]:
-    rows, options = _rows(body)
+    rows, options = metrics_rows(body)
     threshold = float(options.get("pass_threshold", pass_threshold if pass_threshold is not None else 1.0))
     failures: Counter[str] = Counter()
     rewards: list[float] = []

@@ -8,6 +8,7 @@ import socket
 
 from .client import shared_client
 from .config import ServerConfig
+from .hosts import ANY_ADDRESSES
 
 log = logging.getLogger("gymserve.registration")
 
@@ -16,7 +17,7 @@ def advertised_host(config: ServerConfig) -> str:
     """The host other servers should use: GYMSERVE_ADVERTISE_HOST (e.g. a compose service name),
     else the bind address, else this machine's hostname when bound to all interfaces."""
     host = os.environ.get("GYMSERVE_ADVERTISE_HOST") or config.host
-    if host in ("0.0.0.0", "::", ""):
+    if host in ANY_ADDRESSES:
         host = socket.gethostname()
     return host
 

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
                       model_validator)
 
+from .content import content_text
+
 FailureKind = Literal["timeout", "crash", "bad_request", "upstream", "sandbox"]
 FAILURE_KINDS: tuple[str, ...] = ("timeout", "crash", "bad_request", "upstream", "sandbox")
 
@@ -83,13 +85,7 @@ class MessageItem(TrainingTokens):
     content: Union[str, list[dict[str, Any]]] = Field(default_factory=list)
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(
-            str(part.get("text", ""))
-            for part in self.content
-            if isinstance(part, dict) and part.get("type") in ("output_text", "input_text", "text")
-        )
+        return content_text(self.content)
 
 
 class FunctionCallItem(TrainingTokens):

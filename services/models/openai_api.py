@@ -14,6 +14,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from services.core.config import describe_validation_error
+from services.core.content import content_text
 from services.core.errors import BadRequest
 
 TRAINING_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
@@ -325,7 +326,7 @@ class ResponsesStream:
         for item in output:
             if item["type"] == "message":
                 item["id"] = self.msg_id
-                text = "".join(p.get("text", "") for p in item["content"])
+                text = content_text(item["content"])
                 if not self.message_open:
                     events += self._open_message()
                 if text.startswith(self.text) and len(text) > len(self.text):

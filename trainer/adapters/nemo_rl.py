@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from services.core.content import content_text
 from services.core.directory import Directory
 
 from ..client import run_sync
@@ -36,10 +37,7 @@ class EnvironmentReturn(NamedTuple):
 
 
 def _content(message: dict[str, Any]) -> str:
-    content = message.get("content", "")
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return str(content)
+    return content_text(message.get("content"))
 
 
 def verify_body(message_log: list[dict[str, Any]], info: dict[str, Any] | None) -> dict[str, Any]:

@@ -13,6 +13,8 @@ import re
 import uuid
 from typing import Any
 
+from services.core.content import content_text
+
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 TOOL_CALL_OPEN = "<tool_call>"
 DEFAULT_SYSTEM = "You are a helpful assistant."
@@ -43,25 +45,6 @@ def _as_object(arguments: Any) -> Any:
         except ValueError:
             return arguments
     return arguments
-
-
-def content_text(content: Any) -> str:
-    """A message's content as text (string, or a list of text parts)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif isinstance(part, dict) and isinstance(part.get("refusal"), str):
-                parts.append(part["refusal"])
-        return "".join(parts)
-    return str(content)
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[dict[str, str]]]:

@@ -20,7 +20,7 @@ from pydantic import Field, field_validator, model_validator
 
 from services.core.app import read_json
 from services.core.errors import BadRequest, Unavailable
-from services.core.metrics_agg import _rows, aggregate_metrics
+from services.core.metrics_agg import aggregate_metrics, metrics_rows
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
 from services.core.schemas import VerifyReply, VerifyRequest, failed_reply
 
@@ -228,7 +228,7 @@ class RewardModel(Environment):
     def aggregate(self, body: Any) -> dict[str, Any]:
         """The shared statistics plus NeMo RL's `reward_model_env/*` keys (over unmasked rewards)."""
         out = aggregate_metrics(body)
-        rows, _ = _rows(body)
+        rows, _ = metrics_rows(body)
         rewards = [float(r.get("reward", 0.0)) for r in rows if isinstance(r, dict) and not r.get("mask_sample")]
         out.update({
             f"{METRIC_PREFIX}num_samples": len(rows),

@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from services.core.content import strict_content_text
 from services.core.errors import BadRequest
 from services.core.schemas import VerifyRequest
 
 _EMPTY_THINK = "\n<think>\n\n</think>\n"
-_TEXT_PARTS = ("text", "input_text", "output_text")
 
 
 @dataclass(frozen=True)
@@ -28,25 +28,6 @@ class Encoded:
     ids: list[int]
     num_tokens: int
     truncated: bool
-
-
-def text_content(content: Any, where: str) -> str:
-    """A message's content as text: a string, or a list of text parts (Responses/OpenAI style)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for k, part in enumerate(content):
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and part.get("type", "text") in _TEXT_PARTS and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            else:
-                raise BadRequest(f"{where}.content[{k}]: expected a text part {{\"type\": \"text\", \"text\": str}}")
-        return "".join(parts)
-    if content is None:
-        raise BadRequest(f"{where}.content: missing")
-    raise BadRequest(f"{where}.content: expected a string or a list of text parts, got {type(content).__name__}")
 
 
 def validate_conversation(conversation: Any, where: str) -> list[dict[str, Any]]:
@@ -63,7 +44,7 @@ def validate_conversation(conversation: Any, where: str) -> list[dict[str, Any]]
         role = message.get("role")
         if not isinstance(role, str) or not role.strip():
             raise BadRequest(f"{here}.role: missing or not a non-empty string")
-        messages.append({**message, "role": role, "content": text_content(message.get("content"), here)})
+        messages.append({**message, "role": role, "content": strict_content_text(message.get("content"), here)})
     return messages
 
 
@@ -83,7 +64,7 @@ def rollout_messages(request: VerifyRequest) -> list[dict[str, Any]]:
         if not isinstance(role, str) or not role:
             raise BadRequest(f"{where}.role: missing or not a string")
         messages.append({"role": "system" if role == "developer" else role,
-                         "content": text_content(item.get("content"), where)})
+                         "content": strict_content_text(item.get("content"), where)})
     messages.append({"role": "assistant", "content": request.text()})
     return messages
 

@@ -1,0 +1,22 @@
+"""One plain ASGI middleware per concern, composed (outermost first) by `services.core.app.create_app`.
+
+Plain ASGI rather than Starlette's BaseHTTPMiddleware keeps the per-request cost small and
+lets streaming replies pass through untouched.
+"""
+from __future__ import annotations
+
+from .auth import AuthMiddleware
+from .body_limit import BodyLimitMiddleware
+from .errors import ErrorReplyMiddleware
+from .metrics import MetricsMiddleware
+from .request_id import REQUEST_ID_HEADER, RequestIdMiddleware, request_id_of
+
+__all__ = [
+    "AuthMiddleware",
+    "BodyLimitMiddleware",
+    "ErrorReplyMiddleware",
+    "MetricsMiddleware",
+    "REQUEST_ID_HEADER",
+    "RequestIdMiddleware",
+    "request_id_of",
+]

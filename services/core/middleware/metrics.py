@@ -1,0 +1,45 @@
+"""Request count, latency and in-flight gauge per route (the route template, not the raw path)."""
+from __future__ import annotations
+
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..metrics import Metrics
+
+
+class MetricsMiddleware:
+    """Sits outside auth, body limit and error replies so their 401/413/500 are counted too."""
+
+    def __init__(self, app: ASGIApp, *, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500  # what the client sees if nothing answers
+
+        async def send_recording(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        start = time.perf_counter()
+        self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_recording)
+        finally:
+            self.metrics.in_flight.dec()
+            self._observe(scope, status, time.perf_counter() - start)
+
+    def _observe(self, scope: Scope, status: int, elapsed: float) -> None:
+        route = scope.get("route")
+        path = getattr(route, "path", None) or ("unmatched" if status == 404 else scope["path"][:64])
+        if path == "/metrics":
+            return
+        method = scope["method"]
+        self.metrics.requests.labels(method=method, path=path, status=str(status)).inc()
+        self.metrics.latency.labels(method=method, path=path).observe(elapsed)

@@ -1,0 +1,39 @@
+"""Request ids: taken from the caller's X-Request-Id or made up, kept in the scope, echoed on every reply."""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+REQUEST_ID_HEADER = "x-request-id"
+_HEADER = REQUEST_ID_HEADER.encode()
+
+
+def request_id_of(scope: Mapping[str, Any]) -> str | None:
+    """The id this middleware stored for the request (None outside a gymserve app)."""
+    return (scope.get("state") or {}).get("request_id")
+
+
+class RequestIdMiddleware:
+    """Outermost layer, so every reply (401, 413, 500 included) carries the id."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == _HEADER), None)
+        request_id = given or uuid.uuid4().hex[:16]
+        scope.setdefault("state", {})["request_id"] = request_id
+        encoded = request_id.encode("latin-1", "replace")
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (_HEADER, encoded)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

@@ -40,6 +40,7 @@ class Config(ServerConfig):
     stack_files: list[str] = Field(default_factory=list, description="stack YAML files to read instead")
     openrlhf_environment: str | None = Field(None, description="resource server that POST /get_reward uses")
     health_interval_s: float = Field(5.0, gt=0, description="how often servers are sampled for health")
+    probe_timeout_s: float = Field(3.0, gt=0, description="longest wait for one server's /ready or /metrics")
     proxy_connect_timeout_s: float = Field(10.0, gt=0)
     proxy_read_timeout_s: float = Field(600.0, gt=0, description="longest silence the proxy waits for")
 
@@ -83,7 +84,8 @@ def build(config: Config) -> FastAPI:
     registry = Registry(stack)
     proxy = Proxy(registry.get, connect_timeout_s=config.proxy_connect_timeout_s,
                   read_timeout_s=config.proxy_read_timeout_s)
-    monitor = HealthMonitor(registry.instances, interval_s=config.health_interval_s)
+    monitor = HealthMonitor(registry.instances, interval_s=config.health_interval_s,
+                            probe_timeout_s=config.probe_timeout_s)
     head_url = connect_url(config.host, config.port)
 
     app = create_app(config, server_type="head_server", on_startup=[monitor.start],

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -36,7 +38,7 @@ def _row(answer: str, script: list | None = None) -> dict:
 
 @pytest.fixture(scope="module")
 def stack():
-    head = ServerProcess("head", "health_interval_s=0.5", name="head").start()
+    head = ServerProcess("head", "health_interval_s=0.5", "probe_timeout_s=30", name="head").start()
     procs: list[ServerProcess] = []
     try:
         env = {"GYMSERVE_HEAD_URL": head.url}
@@ -187,14 +189,43 @@ def test_training_metrics_validation(stack):
     assert head.get("/training/metrics", params={"run": "nope"}).status_code == 404
 
 
-def test_dead_server_does_not_stall_the_dashboard(stack):
-    """A registered server that accepts nothing: the page and its data still answer at once."""
+def test_hung_server_does_not_stall_the_dashboard(stack):
+    """A registered server that accepts connections and never answers: while the head's probe
+    of it hangs (30 s probe timeout here), the page and its data answer from the last samples.
+    Last in this module: the head's /health/servers waits for that probe round."""
     head = stack
-    assert head.post("/register", json={"name": "ghost", "host": "127.0.0.1", "port": 9, "ttl_s": 30}).status_code == 200
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(sock.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    port = sock.getsockname()[1]
     try:
+        assert head.post("/register", json={"name": "hung", "host": "127.0.0.1", "port": port,
+                                            "ttl_s": 120}).status_code == 200
+        deadline = time.monotonic() + 60
+        while not held:  # wait until the head's timer probe has connected (it then waits for an answer)
+            assert time.monotonic() < deadline, "the head never probed the registered server"
+            time.sleep(0.05)
         with httpx.Client(timeout=10) as client:
-            data = client.get(f"{head.url}/dashboard/data").json()
-            assert client.get(f"{head.url}/dashboard").status_code == 200
+            for _ in range(3):
+                data = client.get(f"{head.url}/dashboard/data").json()
+                assert client.get(f"{head.url}/dashboard").status_code == 200
         assert {"servers", "environments", "timeline", "training"} <= set(data)
     finally:
-        head.post("/unregister", json={"name": "ghost"})
+        stop.set()
+        thread.join(2)
+        for conn in held:
+            conn.close()
+        sock.close()

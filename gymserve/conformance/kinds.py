@@ -53,7 +53,7 @@ def _stub_and_agent(pool: Servers, resources: ServerProcess, row: dict[str, Any]
                     agent_kind: str = "agents/simple_agent", agent_options: list[str] = ()
                     ) -> tuple[ServerProcess, ServerProcess]:
     """A stub model that answers the row's expected answer, and an agent wired to it and `resources`."""
-    stub = pool.process("models/stub", f"text={answer_text(row)}")
+    stub = pool.process("models/stub", spec={"text": answer_text(row)})
     extra = [f"user_model_url={stub.url}"] if agent_kind == "agents/multi_turn_agent" else []
     agent = pool.process(agent_kind, f"resources_url={resources.url}", f"model_url={stub.url}", *extra,
                          *agent_options)

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench up clean
+.PHONY: install demo lint test test-fast bench up clean
 
 install:
 	@bash deploy/install.sh
@@ -11,7 +11,12 @@ install:
 demo: install
 	$(PY) -m gymserve.demo
 
-test: install
+# ruff over all Python code, mypy over the typed packages listed in pyproject.toml
+lint: install
+	$(PY) -m ruff check --no-cache .
+	$(PY) -m mypy
+
+test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 test-fast: install
@@ -26,4 +31,4 @@ up: install
 	$(VENV)/bin/gymserve up
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache build *.egg-info

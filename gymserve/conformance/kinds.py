@@ -1,6 +1,7 @@
 """Per-kind conformance: what a resource server, an agent, a model server and the head must do."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -50,7 +51,7 @@ def _generic(report: Report, probe: Probe, family: str) -> dict[str, Any] | None
 
 
 def _stub_and_agent(pool: Servers, resources: ServerProcess, row: dict[str, Any],
-                    agent_kind: str = "agents/simple_agent", agent_options: list[str] = ()
+                    agent_kind: str = "agents/simple_agent", agent_options: Sequence[str] = ()
                     ) -> tuple[ServerProcess, ServerProcess]:
     """A stub model that answers the row's expected answer, and an agent wired to it and `resources`."""
     stub = pool.process("models/stub", spec={"text": answer_text(row)})

@@ -61,11 +61,11 @@ def new_env(name: str, root: Path, *, stack: Path | None = None) -> Scaffolded:
         test: templates.TEST.format(name=name),
     }
     out = Scaffolded(root)
+    out.stack = register(stack, name, stack_name)  # first: a clash there leaves nothing half-written
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         out.created.append(path)
-    out.stack = register(stack, name, stack_name)
     return out
 
 

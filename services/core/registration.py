@@ -38,6 +38,8 @@ def registration_body(config: ServerConfig, server_type: str) -> dict:
 
 async def heartbeat_loop(config: ServerConfig, server_type: str) -> None:
     """Register now and every `heartbeat_s`; a head that is down is retried quietly."""
+    if not config.head_url:
+        return
     body = registration_body(config, server_type)
     url = f"{config.head_url.rstrip('/')}/register"
     warned = False

@@ -31,17 +31,27 @@ def copy_project(dest: Path) -> None:
             shutil.copy2(src, dst)
 
 
-def gymserve(root: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+def python(root: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` in the copy, importing the copy's packages."""
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run([sys.executable, "-m", *args], cwd=root, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def gymserve(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return python(root, "-m", "gymserve", *args)
+
+
+STACK_LOADS = ("from services.core.config import load_stack; from gymserve.launcher import check_kind; "
+               "stack = load_stack(['deploy/stacks/trivia.yaml']); "
+               "[check_kind(name, spec.kind, 'stack') for name, spec in stack.servers.items()]")
 
 
 def test_new_env_passes_check_and_its_test_then_a_broken_one_fails() -> None:
     with tempfile.TemporaryDirectory(prefix="gymserve-scaffold-") as tmp:
         root = Path(tmp)
         copy_project(root)
-        made = gymserve(root, "gymserve", "new", "env", "trivia")
+        made = gymserve(root, "new", "env", "trivia")
         assert made.returncode == 0, made.stderr
         folder = root / "services/resources/trivia"
         assert {p.name for p in folder.iterdir()} >= {"__init__.py", "app.py", "example.jsonl", "README.md"}
@@ -55,17 +65,19 @@ def test_new_env_passes_check_and_its_test_then_a_broken_one_fails() -> None:
         assert stack["servers"]["trivia_simple_agent"]["resources_server"] == "trivia"
         assert stack["servers"][stack["servers"]["trivia_simple_agent"]["model_server"]]["kind"].startswith("models/")
 
-        check = gymserve(root, "gymserve", "check", "resources/trivia")
+        loads = python(root, "-c", STACK_LOADS)
+        assert loads.returncode == 0, loads.stderr  # `gymserve up -c deploy/stacks/trivia.yaml` accepts it
+        check = gymserve(root, "check", "resources/trivia")
         assert check.returncode == 0, check.stdout + check.stderr
         assert "checks passed" in check.stdout and "FAIL" not in check.stdout
 
-        own_test = gymserve(root, "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_env_trivia.py")
+        own_test = python(root, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_env_trivia.py")
         assert own_test.returncode == 0, own_test.stdout + own_test.stderr
 
         app = folder / "app.py"
         app.write_text(app.read_text().replace("row = parse_row(request)",
                                                'raise RuntimeError("broken on purpose")'))
-        broken = gymserve(root, "gymserve", "check", "resources/trivia")
+        broken = gymserve(root, "check", "resources/trivia")
         assert broken.returncode == 1
         assert "FAIL  verify:" in broken.stderr and "checks failed" in broken.stderr
     assert not root.exists()

@@ -12,7 +12,7 @@ from services.core.loader import available_kinds
 
 from . import generic
 from .probe import Probe
-from .report import Report, expect
+from .report import CheckFailed, Report, expect
 from .rows import REPO, answer_text, check_verify_reply, example_files, example_rows, response_with_text, verify_body
 from .servers import Servers, servers
 
@@ -36,7 +36,7 @@ def run_check(kind: str, options: list[str]) -> Report:
                 _check_model(report, pool, kind, options)
             else:
                 _check_head(report, pool, options)
-        except (RuntimeError, TimeoutError) as exc:  # a server that does not start is one failed check
+        except (RuntimeError, TimeoutError, CheckFailed) as exc:  # a server that does not start: one failed check
             report.fail("start: the server and its helpers start and report ready", str(exc).splitlines()[0])
     return report
 

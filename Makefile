@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast docs bench up clean image compose-up compose-down
+.PHONY: install demo lint test test-fast docs bench up clean image compose-up compose-down
 
 install:
 	@bash deploy/install.sh
@@ -11,7 +11,12 @@ install:
 demo: install
 	$(PY) -m gymserve.demo
 
-test: install docs
+# ruff over all Python code, mypy over the typed packages listed in pyproject.toml
+lint: install
+	$(PY) -m ruff check --no-cache .
+	$(PY) -m mypy
+
+test: install lint docs
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/): --strict makes a broken link or a missing page fail.
@@ -40,4 +45,4 @@ compose-down:
 	@bash deploy/docker/compose.sh down
 
 clean:
-	rm -rf $(VENV) .pytest_cache build site *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache build site *.egg-info

@@ -48,8 +48,8 @@ class Choice:
 
 class HFModel:
     def __init__(self, path: str | None, *, device: str = "auto", dtype: str = "auto", max_batch_size: int = 16,
-                 max_batch_tokens: int = 32768, batch_wait_s: float = 0.02, max_model_len: int | None = None, session_cache_size: int = 4096,
-                 served_name: str | None = None, threads: int | None = None,
+                 max_batch_tokens: int = 32768, batch_wait_s: float = 0.02, max_model_len: int | None = None,
+                 session_cache_size: int = 4096, served_name: str | None = None, threads: int | None = None,
                  continuous: bool = True) -> None:
         self.path = path
         self.device_name = device

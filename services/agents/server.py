@@ -37,7 +37,7 @@ def create_agent_app(agent: Agent, *, description: str = "") -> FastAPI:
         return reply
 
     @app.post("/v1/responses", **describe(body=ResponsesRequest, reply=ResponseObject, errors=(404, 422, 429, 502, 503, 504),
-                                          parameters=[SESSION_HEADER]))
+                                          parameters=[SESSION_HEADER], passes_4xx=True))  # the model's own 4xx
     async def responses(request: Request) -> Response:
         """Forward one model call to this agent's model server (streaming passes through)."""
         body = await read_json(request)

@@ -151,9 +151,11 @@ def _training_section(training: list[dict[str, Any]]) -> str:
             out.append(float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None)
         return out
 
-    charts = [f'<div class="card"><h3>reward by step</h3>{line_chart(xs, {"reward": (column("reward"), _BLUE)}, title="reward by step")}</div>']
+    reward_chart = line_chart(xs, {"reward": (column("reward"), _BLUE)}, title="reward by step")
+    charts = [f'<div class="card"><h3>reward by step</h3>{reward_chart}</div>']
     if any(v is not None for v in column("kl")):
-        charts.append(f'<div class="card"><h3>KL by step</h3>{line_chart(xs, {"kl": (column("kl"), _PINK)}, title="KL by step")}</div>')
+        kl_chart = line_chart(xs, {"kl": (column("kl"), _PINK)}, title="KL by step")
+        charts.append(f'<div class="card"><h3>KL by step</h3>{kl_chart}</div>')
     return f'<h2>Training</h2><div class="grid" id="training">{"".join(charts)}</div>'
 
 

@@ -48,8 +48,9 @@ class Choice:
 
 class HFModel:
     def __init__(self, path: str | None, *, device: str = "auto", dtype: str = "auto", max_batch_size: int = 16,
-                 max_batch_tokens: int = 32768, batch_wait_s: float = 0.02, max_model_len: int | None = None, session_cache_size: int = 4096,
-                 served_name: str | None = None, threads: int | None = None) -> None:
+                 max_batch_tokens: int = 32768, batch_wait_s: float = 0.02, max_model_len: int | None = None,
+                 session_cache_size: int = 4096, served_name: str | None = None, threads: int | None = None,
+                 continuous: bool = True) -> None:
         self.path = path
         self.device_name = device
         self.dtype_name = dtype
@@ -60,6 +61,7 @@ class HFModel:
         self.sessions = SessionTokens(session_cache_size)
         self.served_name = served_name
         self.threads = threads
+        self.continuous = continuous
         self.engine: Any = None  # engine.Engine once loaded
         self.tokenizer: Any = None
         self.format: ChatFormat | None = None
@@ -93,7 +95,7 @@ class HFModel:
         self.format = ChatFormat(self.tokenizer)
         self.engine = Engine(model, self.tokenizer, device=device, max_batch_size=self.max_batch_size,
                              max_batch_tokens=self.max_batch_tokens, batch_wait_s=self.batch_wait_s,
-                             stop_token_ids=stop_ids, threads=self.threads)
+                             stop_token_ids=stop_ids, threads=self.threads, continuous=self.continuous)
         self.engine.start()
         log.warning("models/hf: %s loaded from %s on %s (%s)", self.served_name, folder, device, dtype)
 

@@ -2,7 +2,8 @@
 
 It appends the record to `metrics.jsonl`, posts it to the head's dashboard (non-blocking,
 see training_feed.py) and advances the progress bar (live reward, |Δlogp|, policy lag).
-Anything else that wants each step (a tracker) is one call added in `record`. `plot` turns the file into `reward.png` at the end of a run.
+Anything else that wants each step (a tracker) is one call added in `record`. `plot` turns
+the file into `reward.png` at the end of a run.
 """
 from __future__ import annotations
 

@@ -20,25 +20,27 @@ class Servers:
         self.key = secrets.token_hex(12)
         self.env = {"GYMSERVE_API_KEY": self.key, "GYMSERVE_API_KEY_FILE": "", "GYMSERVE_HEAD_URL": "",
                     "GYMSERVE_SERVER_SPEC": "", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-        self._running: list[ServerProcess] = []
+        self._created: list[ServerProcess] = []
 
     def process(self, kind: str, *overrides: str, spec: dict[str, Any] | None = None) -> ServerProcess:
         """A server not started yet; its URL is known already, so helpers can be pointed at each other.
         `spec` holds options that do not fit on a command line (multi-line text)."""
         env = {**self.env, "GYMSERVE_SERVER_SPEC": json.dumps(spec) if spec else ""}
-        return ServerProcess(kind, *overrides, name=_instance_name(kind), env=env,
+        proc = ServerProcess(kind, *overrides, name=_instance_name(kind), env=env,
                              ready_timeout_s=START_TIMEOUT_S, keep_log=False)
+        self._created.append(proc)  # its log file exists already: removed on close even if never launched
+        return proc
 
     def start(self, *procs: ServerProcess) -> None:
         """Launch every server at once, then wait until each is ready."""
         for proc in procs:
-            self._running.append(proc.launch())
+            proc.launch()
         for proc in procs:
             proc.wait_ready()
 
     def close(self) -> None:
-        while self._running:
-            self._running.pop().stop()
+        while self._created:
+            self._created.pop().stop()
 
 
 def _instance_name(kind: str) -> str:

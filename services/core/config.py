@@ -34,6 +34,13 @@ class ServerConfig(BaseModel):
     head_url: str | None = Field(default_factory=lambda: os.environ.get("GYMSERVE_HEAD_URL") or None)
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="larger request bodies get 413")
     heartbeat_s: float = Field(5.0, gt=0)
+    max_concurrent_requests: int = Field(256, gt=0, description="requests whose handlers run at once; "
+                                                               "more wait in arrival order")
+    max_queued_requests: int = Field(4096, ge=0, description="requests that may wait for a slot; beyond "
+                                                            "that a request gets 503 with Retry-After at once")
+    retry_after_s: float = Field(1.0, gt=0, description="Retry-After of a 503 from a full queue (whole seconds)")
+    max_queue_wait_s: float | None = Field(None, gt=0, description="a request waiting longer for a slot gets 503 "
+                                                                   "(unset: waits until its turn)")
     register_with_head: bool = Field(True, description="heartbeat to the head at head_url; off when something else "
                                              "registers this server (the Ray backend registers its deployments)")
 

@@ -43,6 +43,8 @@ async def register(head_url: str, body: dict) -> None:
 
 async def heartbeat_loop(config: ServerConfig, server_type: str) -> None:
     """Register now and every `heartbeat_s`; a head that is down is retried quietly."""
+    if not config.head_url:
+        return
     body = registration_body(config, server_type)
     warned = False
     while True:

@@ -9,7 +9,7 @@ Each server is one Serve application mounted at `/<name>` behind Serve's HTTP pr
 The head stays a plain child process (the same supervision as the process backend) and
 this launcher registers every deployment with it under its instance name, with the
 proxy URL and the replicas' state, every couple of seconds. Replicas themselves do not
-register (`register=False`), so a replica that Ray replaces changes nothing the head
+register (`register_with_head=False`), so a replica that Ray replaces changes nothing the head
 sees except the replica counts.
 """
 from __future__ import annotations
@@ -27,9 +27,10 @@ import httpx
 
 from services.core.app import server_type_name
 from services.core.auth import api_key, auth_headers
-from services.core.config import ConfigError, ServerSpec, Stack, interpolate
-from services.core.loader import free_port
 from services.core.client import shared_client
+from services.core.config import ConfigError, ServerSpec, Stack, interpolate
+from services.core.hosts import ANY_ADDRESSES, connect_host
+from services.core.loader import free_port
 from services.core.registration import register
 
 from .launcher import Child, Launcher, plan
@@ -132,7 +133,7 @@ class RayCluster:
                  temp_dir: str | None, dashboard: bool) -> None:
         self.address = address
         self.serve_host = serve_host
-        self.serve_port = serve_port or free_port(serve_host if serve_host not in ("0.0.0.0", "::") else "127.0.0.1")
+        self.serve_port = serve_port or free_port(connect_host(serve_host) if serve_host != "::" else "127.0.0.1")
         self.num_cpus = num_cpus
         self.temp_dir = temp_dir
         self.dashboard = dashboard
@@ -274,7 +275,7 @@ class RayLauncher(Launcher):
 
     def _proxy_host(self) -> str:
         host = self.cluster.serve_host
-        if host in ("0.0.0.0", "::", ""):
+        if host in ANY_ADDRESSES:
             import ray
 
             return ray.util.get_node_ip_address()
@@ -282,7 +283,7 @@ class RayLauncher(Launcher):
 
     def _head_url_for_replicas(self) -> str:
         host = self.head.host
-        if host in ("0.0.0.0", "::", ""):
+        if host in ANY_ADDRESSES:
             import ray
 
             host = ray.util.get_node_ip_address()

@@ -37,6 +37,7 @@ import httpx
 from .client import agent_name, default_head_url
 from .grpo import trainer_class
 from .jsonl import read_rows
+from .report import write_training_report
 from .step_log import StepLog, plot
 from .trl import make_rollout_func, reward_functions, to_trl_dataset
 from .weight_sync import PolicyHooks, WeightSync, WeightSyncError, find_policy_server
@@ -271,11 +272,12 @@ def train(config: TrainConfig) -> dict[str, Any]:
             plot_path = str(plot(metrics, Path(config.output_dir) / "reward.png"))
         except ImportError:
             log.warning("no reward.png: matplotlib is not installed (pip install gymserve[ml])")
+    report_path = str(write_training_report(config.output_dir))  # report.html: curves, rewards, failures
     final = Path(config.output_dir) / "final"
     if config.save_final:
         trainer.save_model(str(final))
         trainer.processing_class.save_pretrained(str(final))
     return {"global_step": result.global_step, "training_loss": result.training_loss,
-            "metrics": str(metrics), "plot": plot_path,
+            "metrics": str(metrics), "plot": plot_path, "report": report_path,
             "final_model": str(final) if config.save_final else None,
             "weights_version": trainer.gymserve_sync.server_version if trainer.gymserve_sync else None}

@@ -52,3 +52,5 @@ def test_learn_cpu_reward_rises_and_weights_version_advances(tmp_path):
     last = sum(s["reward"] for s in steps[-3:]) / 3
     assert last >= MIN_LAST and last - first >= MIN_RISE, (first, last, [s["reward"] for s in steps])
     assert (out / "reward.png").stat().st_size > 10_000
+    report = (out / "report.html").read_text()
+    assert "reward by step" in report and "<svg" in report  # the run's report, viewable without a server

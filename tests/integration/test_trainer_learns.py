@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
 # Thresholds from the observed runs listed in docs/weight-sync.md: step 1 (the initial policy, the
 # same two prompts in every run since the data order is seeded) scored 0.06, 0.06 and 0.25; steps
-# 4-6 averaged 0.98 and 0.79 in the two 6-step curves seen (single steps as low as 0.44). The test asks for much less: the last 3 steps at least 0.5 on
-# average and at least 0.25 above step 1.
+# 4-6 averaged 0.98 and 0.79 in the two 6-step curves seen (single steps as low as 0.44). The test
+# asks for much less: the last 3 steps at least 0.5 on average and at least 0.25 above step 1.
 MIN_LAST = 0.5
 MIN_RISE = 0.25
 

@@ -20,6 +20,9 @@ from fastapi import FastAPI, Request
 from services.core.app import read_json
 from services.core.client import shared_client
 from services.core.errors import BadRequest, UpstreamError
+from services.core.openapi import describe
+
+from .schemas import OpenRLHFReply, OpenRLHFRequest
 
 
 def _text_list(body: dict[str, Any], key: str, required: bool) -> list[str] | None:
@@ -68,7 +71,8 @@ def verify_bodies(query: list[str], prompts: list[str] | None, labels: list[str]
 
 
 def add_routes(app: FastAPI, resolve_url: Callable[[str], Awaitable[str]], environment: str | None) -> None:
-    @app.post("/get_reward", tags=["openrlhf"])
+    @app.post("/get_reward", tags=["openrlhf"], **describe(body=OpenRLHFRequest, reply=OpenRLHFReply,
+                                                            errors=(404, 502, 503, 504)))
     async def get_reward(request: Request) -> dict[str, Any]:
         body = await read_json(request)
         if not isinstance(body, dict):

@@ -20,6 +20,9 @@ from typing import Any, Awaitable, Callable, Iterable, TypeVar
 from services.core.client import ServiceClient
 from services.core.directory import Directory
 from services.core.errors import UpstreamError
+from services.core.failures import FAILURE_KINDS
+
+from .tokens import policy_version
 
 DEFAULT_HEAD_URL = "http://127.0.0.1:11000"
 T = TypeVar("T")
@@ -118,7 +121,7 @@ class RolloutClient:
             try:
                 reply = await self._run_with_retries(name, row)
             except UpstreamError as exc:
-                return failure_record(row, exc.kind if exc.kind in _KINDS else "upstream", str(exc))
+                return failure_record(row, str(exc.kind) if exc.kind in _KINDS else "upstream", str(exc))
         return self._finish(row, reply)
 
     async def run_many(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -172,10 +175,12 @@ class RolloutClient:
         reward = record.get("reward")
         if isinstance(reward, bool) or not isinstance(reward, (int, float)):
             return failure_record(row, "upstream", f"agent reply has no numeric reward (got {reward!r})")
+        if record.get("policy_version") is None:
+            record["policy_version"] = policy_version(record.get("response"))
         return record
 
 
-_KINDS = {"timeout", "crash", "bad_request", "upstream", "sandbox"}
+_KINDS = frozenset(FAILURE_KINDS)
 
 
 def _detail(response: Any) -> str:

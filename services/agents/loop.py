@@ -23,8 +23,10 @@ from services.core.config import ServerConfig, describe_validation_error
 from services.core.content import content_text
 from services.core.directory import Directory
 from services.core.errors import BadRequest, GymError, UpstreamError
+from services.core.failures import FailureKind
+from services.core.replies import failed_reply
 from services.core.resource import CLOSE_SESSION_HEADER
-from services.core.schemas import DatasetRow, failed_reply
+from services.core.schemas import DatasetRow
 
 TRAINING_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 # Endpoints every resource server has: never reachable as tools, whatever the model asks.
@@ -111,7 +113,7 @@ class Upstream:
                                              deadline_s=deadline_s, retries=retries, headers=headers)
         except UpstreamError as exc:
             # Only transport failures (nothing answered) are worth a new lookup.
-            if self.fixed or exc.kind != "upstream" or exc.upstream_status is not None:
+            if self.fixed or exc.kind != FailureKind.UPSTREAM or exc.upstream_status is not None:
                 raise
             self.directory.invalidate(self.name)
             fresh = await self.directory.url(self.name)  # type: ignore[arg-type]
@@ -254,7 +256,7 @@ class Rollout:
     def remaining(self, what: str) -> float:
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise RolloutFailure("timeout", f"rollout deadline of {self.config.rollout_deadline_s}s exceeded "
+            raise RolloutFailure(FailureKind.TIMEOUT, f"rollout deadline of {self.config.rollout_deadline_s}s exceeded "
                                             f"before {what} ({self.num_turns} model calls done)")
         return left
 
@@ -273,7 +275,7 @@ class Rollout:
             raise  # a 4xx about the row itself
         except Exception as exc:  # a bug must not cost the trainer the sample's bookkeeping
             log.exception("rollout crashed")
-            return self.masked("crash", f"agent error: {type(exc).__name__}: {exc}")
+            return self.masked(FailureKind.CRASH, f"agent error: {type(exc).__name__}: {exc}")
         finally:
             if not self.session_closed:
                 self.agent.close_later(self.session_id)
@@ -289,7 +291,7 @@ class Rollout:
             raise BadRequest(f"the resource server rejected the row at /seed_session "
                              f"({response.status_code}): {error_message(response)}")
         if response.status_code >= 300:
-            raise RolloutFailure("upstream", f"/seed_session answered {response.status_code}: "
+            raise RolloutFailure(FailureKind.UPSTREAM, f"/seed_session answered {response.status_code}: "
                                              f"{error_message(response)}")
         try:
             sid = response.json().get("session_id")
@@ -357,17 +359,17 @@ class Rollout:
         except UpstreamError as exc:
             raise RolloutFailure(exc.kind, f"{what} to {self.agent.model.describe()}: {exc.message}")
         if response.status_code >= 400:
-            kind = "bad_request" if response.status_code < 500 else "upstream"
+            kind = FailureKind.BAD_REQUEST if response.status_code < 500 else FailureKind.UPSTREAM
             raise RolloutFailure(kind, f"{what}: the model server answered {response.status_code}: "
                                        f"{error_message(response)}")
         try:
             reply = response.json()
         except ValueError:
-            raise RolloutFailure("upstream", f"{what}: the model server answered invalid JSON: "
+            raise RolloutFailure(FailureKind.UPSTREAM, f"{what}: the model server answered invalid JSON: "
                                              f"{response.text[:200]}")
         output = reply.get("output") if isinstance(reply, dict) else None
         if not isinstance(output, list) or not all(isinstance(i, dict) for i in output):
-            raise RolloutFailure("upstream", f"{what}: the model reply has no output list of items")
+            raise RolloutFailure(FailureKind.UPSTREAM, f"{what}: the model reply has no output list of items")
         self.num_turns += 1
         self.last_response = reply
         self.items.extend(output)
@@ -416,14 +418,14 @@ class Rollout:
         except UpstreamError as exc:
             raise RolloutFailure(exc.kind, f"{what} on {self.agent.resources.describe()}: {exc.message}")
         if response.status_code == 409:
-            raise RolloutFailure("upstream", f"{what}: the resource server lost the session: "
+            raise RolloutFailure(FailureKind.UPSTREAM, f"{what}: the resource server lost the session: "
                                              f"{error_message(response)}")
         if response.status_code == 404:
             return output(f"Error: tool {name!r} does not exist on the resource server.")
         if 400 <= response.status_code < 500:
             return output(f"Error: {error_message(response)}")
         if response.status_code >= 300:
-            raise RolloutFailure("upstream", f"{what} answered {response.status_code}: {error_message(response)}")
+            raise RolloutFailure(FailureKind.UPSTREAM, f"{what} answered {response.status_code}: {error_message(response)}")
         return output(response.text)
 
     # ---- results ---------------------------------------------------------- #
@@ -457,14 +459,14 @@ class Rollout:
         # a gymserve resource server closes the session with the verify; others need /close_session
         self.session_closed = response.headers.get(CLOSE_SESSION_HEADER.lower()) == "1"
         if response.status_code >= 400:
-            kind = "bad_request" if response.status_code < 500 else "upstream"
+            kind = FailureKind.BAD_REQUEST if response.status_code < 500 else FailureKind.UPSTREAM
             raise RolloutFailure(kind, f"/verify answered {response.status_code}: {error_message(response)}")
         try:
             reply = response.json()
         except ValueError:
-            raise RolloutFailure("upstream", f"/verify answered invalid JSON: {response.text[:200]}")
+            raise RolloutFailure(FailureKind.UPSTREAM, f"/verify answered invalid JSON: {response.text[:200]}")
         if not isinstance(reply, dict) or not isinstance(reply.get("reward"), (int, float)):
-            raise RolloutFailure("upstream", "/verify reply has no numeric reward")
+            raise RolloutFailure(FailureKind.UPSTREAM, "/verify reply has no numeric reward")
         reply.update(self.extras())
         return reply
 

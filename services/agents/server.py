@@ -10,6 +10,9 @@ from services.core.app import create_app, read_json, session_id
 from services.core.client import shared_client
 from services.core.errors import BadRequest, UpstreamError
 from services.core.metrics_agg import aggregate_metrics
+from services.core.openapi import SESSION_HEADER, describe
+from services.core.schemas import AggregateRequest, DatasetRow, ResponseObject, RolloutReply
+from services.models.openai_api import ResponsesRequest
 
 from .loop import Agent, parse_row
 
@@ -22,7 +25,10 @@ def create_agent_app(agent: Agent, *, description: str = "") -> FastAPI:
     metrics = app.state.metrics
     app.state.agent = agent
 
-    @app.post("/run")
+    @app.post("/run", **describe(body=DatasetRow, reply=RolloutReply, errors=(503,), examples={"row": {
+        "responses_create_params": {"input": [{"role": "user", "content": "Capital of France? One word."}]},
+        "agent_ref": {"type": "responses_api_agents", "name": "exact_match_simple_agent"},
+        "expected_answer": "Paris"}}))
     async def run(request: Request) -> dict[str, Any]:
         """One rollout of a dataset row: seed, model/tool loop, verify."""
         row = parse_row(await read_json(request))
@@ -30,7 +36,8 @@ def create_agent_app(agent: Agent, *, description: str = "") -> FastAPI:
         metrics.failure(reply.get("failure_kind"))
         return reply
 
-    @app.post("/v1/responses")
+    @app.post("/v1/responses", **describe(body=ResponsesRequest, reply=ResponseObject, errors=(404, 422, 429, 502, 503, 504),
+                                          parameters=[SESSION_HEADER]))
     async def responses(request: Request) -> Response:
         """Forward one model call to this agent's model server (streaming passes through)."""
         body = await read_json(request)
@@ -45,7 +52,7 @@ def create_agent_app(agent: Agent, *, description: str = "") -> FastAPI:
                    and k.lower() in ("content-type", "x-session-id")}
         return Response(response.content, status_code=response.status_code, headers=headers)
 
-    @app.post("/aggregate_metrics")
+    @app.post("/aggregate_metrics", **describe(body=AggregateRequest, reply={"type": "object"}, errors=(502, 503, 504)))
     async def aggregate(request: Request) -> Any:
         """The resource server's aggregation when it answers, else the core one computed here."""
         body = await read_json(request)

@@ -20,8 +20,11 @@ from starlette.middleware import Middleware
 from .config import ServerConfig
 from .errors import BadRequest, GymError, error_body
 from .metrics import Metrics
-from .middleware import (REQUEST_ID_HEADER, AuthMiddleware, BodyLimitMiddleware, ErrorReplyMiddleware,
-                         MetricsMiddleware, RequestIdMiddleware, request_id_of)
+from .middleware import (REQUEST_ID_HEADER, AdmissionControl, AuthMiddleware, BodyLimitMiddleware,
+                         ErrorReplyMiddleware, MetricsMiddleware, RequestIdMiddleware, admission_options,
+                         request_id_of)
+from .openapi import HEALTH_DOC, READY_DOC, install
+from .text import reject_lone_surrogates
 
 log = logging.getLogger("gymserve")
 
@@ -45,9 +48,11 @@ async def read_json(request: Request, *, allow_empty: bool = False) -> Any:
             return None
         raise BadRequest("request body is empty: expected JSON")
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadRequest(f"malformed JSON body: {exc}") from None
+    reject_lone_surrogates(raw, body)
+    return body
 
 
 def session_id(request: Request) -> str | None:
@@ -94,7 +99,7 @@ def create_app(
             for hook in on_startup:
                 await hook()
             state["ready"] = True
-            if config.head_url:
+            if config.head_url and config.register_with_head:
                 from .registration import heartbeat_loop
 
                 heartbeat = asyncio.create_task(heartbeat_loop(config, server_type or server_type_name(config.kind)))
@@ -119,10 +124,12 @@ def create_app(
         Middleware(MetricsMiddleware, metrics=metrics),
         Middleware(ErrorReplyMiddleware, metrics=metrics),
         Middleware(AuthMiddleware),
+        Middleware(AdmissionControl, **admission_options(config)),  # after auth: strangers take no queue slot
         Middleware(BodyLimitMiddleware, max_body_bytes=config.max_body_bytes),
     ]
     app = FastAPI(title=f"gymserve {config.kind or 'server'}: {config.name}", description=description,
                   lifespan=lifespan, middleware=middleware)
+    install(app)
     app.state.config = config
     app.state.metrics = metrics
     app.state.gym = state
@@ -145,11 +152,11 @@ def create_app(
                             status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.get("/", include_in_schema=False)
-    @app.get("/health")
+    @app.get("/health", **HEALTH_DOC)
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/ready")
+    @app.get("/ready", **READY_DOC)
     async def ready() -> JSONResponse:
         ok = state["ready"] and (readiness() if readiness else True)
         body = {"status": "ready" if ok else "starting", "name": config.name, "kind": config.kind}

@@ -1,8 +1,9 @@
 """Async HTTP client for server-to-server calls.
 
 Every call has a deadline that covers all its retries; only connection errors and
-502/503/504 are retried, with exponential backoff and jitter; auth and session ids
-are propagated. Plain calls go through aiohttp, which costs several times less CPU
+502/503/504 are retried, with exponential backoff and jitter, never sooner than a
+reply's `Retry-After` (an overloaded server's bounded queue says when to come back) and
+never past the deadline; auth and session ids are propagated. Plain calls go through aiohttp, which costs several times less CPU
 per request than httpx at high concurrency (measured in benchmarks/agent_run.py);
 `http` is an httpx client kept for the few callers that stream.
 """
@@ -20,6 +21,7 @@ from multidict import CIMultiDict
 
 from .auth import auth_headers
 from .errors import UpstreamError
+from .failures import FailureKind
 
 RETRY_STATUSES = frozenset({502, 503, 504})
 
@@ -99,7 +101,7 @@ class ServiceClient:
                       headers: dict[str, str] | None = None, session_id: str | None = None,
                       deadline_s: float | None = None, retries: int | None = None,
                       params: dict[str, Any] | None = None) -> Reply:
-        """One call with retries; raises UpstreamError(kind="timeout"|"upstream") when it cannot succeed.
+        """One call with retries; raises UpstreamError(kind=timeout|upstream) when it cannot succeed.
 
         4xx and other non-retryable statuses are returned to the caller unchanged.
         """
@@ -112,6 +114,7 @@ class ServiceClient:
             hdrs.setdefault("Content-Type", "application/json")
         last = "no attempt made"
         for attempt in range(attempts):
+            reply: Reply | None = None
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -123,7 +126,7 @@ class ServiceClient:
             except aiohttp.ConnectionTimeoutError:  # the request never left: safe to try again
                 last = f"connect timeout calling {url}"
             except asyncio.TimeoutError:  # sent, no answer in time: never re-sent
-                raise UpstreamError(f"deadline exceeded calling {method} {url}", kind="timeout") from None
+                raise UpstreamError(f"deadline exceeded calling {method} {url}", kind=FailureKind.TIMEOUT) from None
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 last = f"{type(exc).__name__} calling {url}: {exc}"
             except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a malformed URL
@@ -137,10 +140,12 @@ class ServiceClient:
             if attempt + 1 == attempts:
                 raise UpstreamError(f"giving up after {attempts} attempts: {last}")
             delay = min(self.backoff_max_s, self.backoff_s * 2 ** attempt) * (0.5 + random.random())
+            if reply is not None:  # an overloaded server says when to come back: not sooner
+                delay = max(delay, retry_after(reply))
             if time.monotonic() + delay >= deadline:
                 break  # no time left for another attempt: that is a timeout, not a verdict on the server
             await asyncio.sleep(delay)
-        raise UpstreamError(f"deadline exceeded calling {method} {url} ({last})", kind="timeout")
+        raise UpstreamError(f"deadline exceeded calling {method} {url} ({last})", kind=FailureKind.TIMEOUT)
 
     async def post_json(self, url: str, payload: Any, **kwargs: Any) -> Any:
         """POST JSON and return the decoded JSON reply; a 4xx/5xx raises UpstreamError with its message."""
@@ -150,6 +155,15 @@ class ServiceClient:
         return decode(await self.request("GET", url, **kwargs), url)
 
 
+def retry_after(reply: Reply) -> float:
+    """Seconds a 503/429 reply asks the caller to wait (`Retry-After` in seconds; 0 when absent or a date)."""
+    value = reply.headers.get("Retry-After", "").strip()
+    try:
+        return max(0.0, float(value)) if value else 0.0
+    except ValueError:
+        return 0.0  # an HTTP date: rare between our servers, fall back to the backoff
+
+
 def decode(response: Reply, url: str) -> Any:
     if response.status_code >= 400:
         try:
@@ -157,7 +171,7 @@ def decode(response: Reply, url: str) -> Any:
         except Exception:
             message = response.text[:500]
         raise UpstreamError(f"{url} answered {response.status_code}: {message}",
-                            kind="bad_request" if 400 <= response.status_code < 500 else "upstream",
+                            kind=FailureKind.BAD_REQUEST if 400 <= response.status_code < 500 else FailureKind.UPSTREAM,
                             upstream_status=response.status_code, body=response.text[:2000])
     try:
         return response.json()

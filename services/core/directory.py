@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from .client import ServiceClient, shared_client
 from .errors import UpstreamError
+from .failures import FailureKind
 
 
 class Directory:
@@ -45,11 +46,11 @@ class Directory:
             return self.static[name].rstrip("/")
         if not self.head_url:
             raise UpstreamError(f"cannot resolve server {name!r}: no head URL (set GYMSERVE_HEAD_URL)",
-                                kind="upstream")
+                                kind=FailureKind.UPSTREAM)
         found = (await self.instances()).get(name) or (await self.instances(refresh=True)).get(name)
         if not found:
             raise UpstreamError(f"no server named {name!r} is registered with the head at {self.head_url}",
-                                kind="upstream", status_code=502)
+                                kind=FailureKind.UPSTREAM, status_code=502)
         return await self.route(name, str(found["url"]).rstrip("/"))
 
     async def route(self, name: str, direct: str) -> str:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .failures import FailureKind
+
 
 class GymError(Exception):
     """An error with an HTTP status and a message meant for the caller."""
@@ -39,15 +41,15 @@ class Unavailable(GymError):
 
 
 class UpstreamError(GymError):
-    """A call to another server failed; `kind` is a DESIGN §3 failure kind."""
+    """A call to another server failed; `kind` says why (a FailureKind)."""
 
     status_code = 502
     error_type = "upstream_error"
 
-    def __init__(self, message: str, *, kind: str = "upstream", status_code: int | None = None,
+    def __init__(self, message: str, *, kind: FailureKind | str = FailureKind.UPSTREAM, status_code: int | None = None,
                  upstream_status: int | None = None, body: str | None = None) -> None:
-        super().__init__(message, status_code=status_code or (504 if kind == "timeout" else 502))
-        self.kind = kind
+        super().__init__(message, status_code=status_code or (504 if kind == FailureKind.TIMEOUT else 502))
+        self.kind = FailureKind(kind)
         self.upstream_status = upstream_status
         self.body = body
 

@@ -21,9 +21,13 @@ from pydantic import Field, ValidationError
 from .app import SESSION_COOKIE, create_app, read_json, session_id
 from .config import ServerConfig, describe_validation_error
 from .errors import BadRequest, Conflict, GymError
+from .failures import FailureKind
 from .metrics_agg import aggregate_metrics
+from .openapi import SESSION_HEADER, describe, list_of
 from .pool import TaskError, WorkerFailure, WorkerPool
-from .schemas import VerifyReply, VerifyRequest, failed_reply
+from .replies import exception_reply, failed_reply
+from .schemas import (AggregateRequest, CloseSessionReply, CloseSessionRequest, DatasetRow, SeedSessionReply,
+                      VerifyReply, VerifyRequest, example_verify_body)
 
 ToolFn = Callable[..., Awaitable[Any]]
 # `/verify` with this header set to 1 closes the session after judging it and echoes the header back.
@@ -64,6 +68,13 @@ class Environment:
     config_model: ClassVar[type[ResourceConfig]] = ResourceConfig
     needs_pool: ClassVar[bool] = False
     description: ClassVar[str] = ""
+    # The wire contract of `/verify` in the OpenAPI schema: the row fields this environment reads
+    # (a VerifyRequest subclass), the fields its reply adds (a VerifyReply subclass), and an example
+    # row plus a model answer for `/docs`.
+    request_model: ClassVar[type[VerifyRequest]] = VerifyRequest
+    reply_model: ClassVar[type[VerifyReply]] = VerifyReply
+    example_row: ClassVar[dict[str, Any]] = {}
+    example_answer: ClassVar[str] = ""
 
     def __init__(self, config: ResourceConfig) -> None:
         self.config = config
@@ -125,17 +136,22 @@ class Environment:
         """`verify` with infrastructure failures turned into masked replies, never a fabricated 0."""
         try:
             return await self.verify(request, session)
-        except WorkerFailure as exc:
-            return failed_reply(request, exc.kind, str(exc))
-        except TaskError as exc:
-            return failed_reply(request, "crash", f"verifier raised {exc}")
-        except BadRequest as exc:
-            return failed_reply(request, "bad_request", exc.message)
-        except GymError as exc:
-            return failed_reply(request, getattr(exc, "kind", "upstream"), exc.message)
         except Exception as exc:  # a verifier bug must fail its own batch item, not the whole batch
-            log.exception("verify raised")
-            return failed_reply(request, "crash", f"verifier error: {type(exc).__name__}: {exc}")
+            if not isinstance(exc, (GymError, WorkerFailure, TaskError)):
+                log.exception("verify raised")
+            return exception_reply(request, exc)
+
+    async def checked_verify(self, request: VerifyRequest, session: Session | None) -> VerifyReply:
+        """`verify` for one `/verify` call: a GymError keeps its HTTP status (bad input is a 4xx the
+        caller can fix, overload a 503 it can retry); any other failure is a masked reply."""
+        try:
+            return await self.verify(request, session)
+        except GymError:
+            raise
+        except Exception as exc:
+            if not isinstance(exc, (WorkerFailure, TaskError)):
+                log.exception("verify raised")
+            return exception_reply(request, exc)
 
     def session(self, sid: str | None, *, required: bool) -> Session | None:
         self._expire_sessions()
@@ -165,6 +181,13 @@ class Environment:
         await self.release(sess)
         return True
 
+    def tool_parameters(self, name: str, fn: ToolFn) -> dict[str, Any]:
+        """JSON schema of a tool's arguments (the request body of `POST /name`): from its signature
+        by default; an environment with richer specs overrides this."""
+        props: dict[str, dict[str, Any]] = {p.name: {} for p in list(inspect.signature(fn).parameters.values())[1:]
+                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        return {"type": "object", "properties": props, "additionalProperties": False}
+
     def tools(self) -> dict[str, ToolFn]:
         found = {}
         for name, member in inspect.getmembers(type(self), inspect.iscoroutinefunction):
@@ -191,10 +214,18 @@ def create_resource_app(env: Environment) -> FastAPI:
     app.state.env = env
 
     def count(reply: VerifyReply) -> VerifyReply:
+        """Every verify reply passes here: masked ones count by failure kind, judged ones by reward."""
         metrics.failure(reply.failure_kind)
+        if not reply.mask_sample:
+            metrics.reward(reply.reward)
         return reply
 
-    @app.post("/seed_session")
+    verify_example = {"example": example_verify_body(env.example_row, env.example_answer)} if env.example_row else None
+
+    @app.post("/seed_session", **describe(
+        body=DatasetRow, body_required=False, reply=SeedSessionReply, errors=(409, 503),
+        summary="Start a session for a row (stateful environments)",
+        examples={"example": env.example_row} if env.example_row else None))
     async def seed_session(request: Request) -> JSONResponse:
         body = await read_json(request, allow_empty=True)
         if body is not None and not isinstance(body, dict):
@@ -214,11 +245,13 @@ def create_resource_app(env: Environment) -> FastAPI:
         response.headers["X-Session-Id"] = sid
         return response
 
-    @app.post("/verify")
+    @app.post("/verify", **describe(
+        body=env.request_model, reply=env.reply_model, errors=(503,), examples=verify_example,
+        parameters=[SESSION_HEADER], summary="Judge one rollout: the request echoed back plus the reward"))
     async def verify(request: Request) -> JSONResponse:
         parsed = _parse_verify(await read_json(request))
         sess = env.session(session_id(request), required=False)
-        reply = await env.verify(parsed, sess)  # bad input raises a 4xx here, not a masked reply
+        reply = await env.checked_verify(parsed, sess)
         # a JSONResponse skips FastAPI's jsonable_encoder pass over an already JSON-ready dict (hot path)
         response = JSONResponse(count(reply).dump())
         if sess is not None and request.headers.get(CLOSE_SESSION_HEADER) == "1":
@@ -227,7 +260,12 @@ def create_resource_app(env: Environment) -> FastAPI:
             response.headers[CLOSE_SESSION_HEADER] = "1"
         return response
 
-    @app.post("/verify/batch")
+    @app.post("/verify/batch", **describe(
+        body={"anyOf": [list_of(env.request_model),
+                        {"type": "object", "required": ["requests"],
+                         "properties": {"requests": list_of(env.request_model)}}]},
+        reply=list_of(env.reply_model), summary="Judge many rollouts; each item fails on its own",
+        examples={"example": [verify_example["example"]]} if verify_example else None))
     async def verify_batch(request: Request) -> JSONResponse:
         body = await read_json(request)
         items = body.get("requests") if isinstance(body, dict) else body
@@ -249,21 +287,25 @@ def create_resource_app(env: Environment) -> FastAPI:
         for i, p in enumerate(parsed):
             if p is None:
                 raw = items[i] if isinstance(items[i], dict) else {"item": items[i]}
-                out.append(count(failed_reply(raw, "bad_request", errors[i])).dump())
+                out.append(count(failed_reply(raw, FailureKind.BAD_REQUEST, errors[i])).dump())
             else:
                 out.append(count(next(results)).dump())
         return JSONResponse(out)
 
-    @app.post("/aggregate_metrics")
+    @app.post("/aggregate_metrics", **describe(body=AggregateRequest, reply={"type": "object"},
+                                               summary="Statistics over verify replies"))
     async def aggregate(request: Request) -> dict[str, Any]:
         return env.aggregate(await read_json(request))
 
-    @app.post("/close_session")
+    @app.post("/close_session", **describe(body=CloseSessionRequest, body_required=False, reply=CloseSessionReply,
+                                           parameters=[SESSION_HEADER], summary="Free a session"))
     async def close_session(request: Request) -> dict[str, Any]:
         body = await read_json(request, allow_empty=True)
         sid = session_id(request) or (body.get("session_id") if isinstance(body, dict) else None)
         if not sid:
             raise BadRequest("no session id to close (X-Session-Id header, cookie, or body.session_id)")
+        if not isinstance(sid, str):
+            raise BadRequest(f"session_id: expected a string, got {type(sid).__name__}")
         return {"session_id": sid, "closed": await env.close_session(sid)}
 
     for name, fn in env.tools().items():
@@ -287,5 +329,7 @@ def _add_tool_route(app: FastAPI, env: Environment, name: str, fn: ToolFn) -> No
                     raise BadRequest(f"tool {name}: {exc}") from None
                 raise
 
-    app.add_api_route(f"/{name}", call_tool, methods=["POST"], name=name,
-                      description=(fn.__doc__ or "").strip())
+    app.add_api_route(f"/{name}", call_tool, methods=["POST"], name=name, description=(fn.__doc__ or "").strip(),
+                      tags=["tools"], **describe(body=env.tool_parameters(name, fn), body_required=False,
+                                                 reply={"description": "the tool's JSON result"},
+                                                 errors=(409, 503), parameters=[SESSION_HEADER]))

@@ -1,4 +1,4 @@
-"""Pydantic models of the wire contract (DESIGN.md §2).
+"""Pydantic models of the wire format (NeMo-Gym's: rows, verify bodies and replies; see docs/architecture.md).
 
 Every model keeps unknown fields (`extra="allow"`) because NeMo-Gym rows carry
 arbitrary task fields that must be echoed back unchanged.
@@ -10,13 +10,10 @@ import time
 import uuid
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, field_validator, model_validator
 
 from .content import content_text
-
-FailureKind = Literal["timeout", "crash", "bad_request", "upstream", "sandbox"]
-FAILURE_KINDS: tuple[str, ...] = ("timeout", "crash", "bad_request", "upstream", "sandbox")
+from .failures import FAILURE_KINDS, FailureKind  # noqa: F401  (re-exported: part of the wire contract)
 
 
 class WireModel(BaseModel):
@@ -123,7 +120,7 @@ def _item_tag(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     if kind is None and isinstance(value, dict) and "role" in value:
         kind = "message"  # easy-input messages {"role", "content"} have no type
-    return kind if kind in _KNOWN_ITEMS else "other"
+    return kind if isinstance(kind, str) and kind in _KNOWN_ITEMS else "other"
 
 
 ResponseItem = Annotated[
@@ -198,11 +195,11 @@ class VerifyReply(VerifyRequest):
     `mask_sample=True` and a `failure_kind` so trainers drop the sample.
     """
 
-    reward: float = 0.0
-    reward_components: dict[str, float] | None = None
-    mask_sample: bool = False
-    failure_kind: FailureKind | None = None
-    failure_reason: str | None = None
+    reward: float = Field(0.0, description="the verdict; the sum of reward_components when those are given")
+    reward_components: dict[str, float] | None = Field(None, description="named parts of a multi-part reward")
+    mask_sample: bool = Field(False, description="true: the sample could not be judged; trainers drop it")
+    failure_kind: FailureKind | None = Field(None, description="why it could not be judged (with mask_sample)")
+    failure_reason: str | None = Field(None, description="a human-readable reason for the failure")
 
     @field_validator("reward")
     @classmethod
@@ -218,24 +215,47 @@ class VerifyReply(VerifyRequest):
         return self
 
 
-def failed_reply(
-    request: VerifyRequest | dict[str, Any], kind: str, reason: str, *, mask: bool = True, **extra: Any
-) -> VerifyReply:
-    """A reply for a verify that could not be judged: masked, with the reason."""
-    base = request.model_dump(mode="json", exclude_none=True) if isinstance(request, BaseModel) else dict(request)
-    if "response" not in base:
-        base["response"] = {"output": []}
-    base.pop("reward_components", None)  # a stale verdict in the request must not override reward=0
-    base.update(extra)
-    verdict = dict(reward=0.0, mask_sample=mask, failure_kind=kind, failure_reason=reason[:2000])
-    base.update(verdict)
-    try:
-        return VerifyReply.model_validate(base)
-    except ValidationError:
-        # the item is malformed (often why it failed): echo what validates, never raise a 500
-        base["response"] = {"output": []}
-        base.pop("responses_create_params", None)
-        try:
-            return VerifyReply.model_validate(base)
-        except ValidationError:
-            return VerifyReply.model_validate({"response": {"output": []}, **verdict})
+# --------------------------------------------------------------------------- #
+# Session and metrics endpoints of a resource server
+# --------------------------------------------------------------------------- #
+class SeedSessionReply(WireModel):
+    """`POST /seed_session` reply: the session id (also set as cookie and X-Session-Id header) plus what
+    the environment reports about the new session."""
+
+    session_id: str
+
+
+class CloseSessionRequest(WireModel):
+    session_id: str | None = Field(None, description="when neither the X-Session-Id header nor the cookie is sent")
+
+
+class CloseSessionReply(WireModel):
+    session_id: str
+    closed: bool = Field(description="false when the session was unknown (already closed or expired)")
+
+
+class RolloutReply(VerifyReply):
+    """Agent `POST /run` reply: the resource server's verify reply plus how the rollout went."""
+
+    num_turns: int | None = Field(None, description="model calls made")
+    session_id: str | None = Field(None, description="the resource server session the rollout used")
+    stop_reason: str | None = Field(None, description="why the loop ended (e.g. no_tool_calls, max_turns)")
+
+
+class VerifyResponses(WireModel):
+    verify_responses: list[dict[str, Any]]
+
+
+class AggregateRequest(RootModel[Union[list[dict[str, Any]], VerifyResponses]]):
+    """`POST /aggregate_metrics` body: verify replies, as a list or under `verify_responses`."""
+
+
+def example_verify_body(row: dict[str, Any], answer: str) -> dict[str, Any]:
+    """A `/verify` body for the docs: the row (without its routing) and a response saying `answer`."""
+    body = {k: v for k, v in row.items() if k != "agent_ref"}
+    body["response"] = {
+        "id": "resp_example", "object": "response", "created_at": 1700000000.0, "model": "policy",
+        "status": "completed",
+        "output": [{"type": "message", "id": "msg_example", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": answer, "annotations": []}]}]}
+    return body

@@ -93,6 +93,47 @@ class CompletionRequest(_Req):
         return value
 
 
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+
+class ModelCard(_Reply):
+    id: str
+    object: str = "model"
+    owned_by: str | None = None
+    weights_version: str | int | None = Field(None, description="version of the weights being served (policy servers)")
+
+
+class ModelList(_Reply):
+    """`GET /v1/models`."""
+
+    object: str = "list"
+    data: list[ModelCard]
+
+
+class ChatCompletion(_Reply):
+    """`POST /v1/chat/completions` reply (OpenAI's shape; training mode adds prompt_token_ids,
+    generation_token_ids and generation_log_probs to each choice's message)."""
+
+    id: str
+    object: str = "chat.completion"
+    created: int | float | None = None
+    model: str | None = None
+    choices: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None
+
+
+class Completion(_Reply):
+    """`POST /v1/completions` reply (OpenAI's legacy shape)."""
+
+    id: str
+    object: str = "text_completion"
+    created: int | float | None = None
+    model: str | None = None
+    choices: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None
+
+
 def parse_request(model: type[BaseModel], body: Any) -> Any:
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")

@@ -6,7 +6,8 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from services.core.schemas import DatasetRow, VerifyReply, VerifyRequest, failed_reply, response_text
+from services.core.replies import failed_reply
+from services.core.schemas import DatasetRow, VerifyReply, VerifyRequest, response_text
 from gymserve.testing import verify_body
 
 
@@ -42,7 +43,7 @@ def test_failed_reply_is_masked_not_zero_reward():
     reply = failed_reply(VerifyRequest.model_validate(verify_body("x", task="t")), "timeout", "took too long")
     assert reply.mask_sample is True and reply.failure_kind == "timeout" and reply.failure_reason == "took too long"
     assert reply.field("task") == "t"
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValueError):
         failed_reply({"response": {"output": []}}, "not_a_kind", "r")
 
 

@@ -36,7 +36,7 @@ def _compose(path: Path) -> dict:
 def test_compose_servers_are_real_kinds_with_valid_options(path):
     services = _compose(ROOT / path)["services"]
     checked = 0
-    for name, service in services.items():
+    for service in services.values():
         command = service.get("command")
         if not command or command[0] != "serve":
             continue

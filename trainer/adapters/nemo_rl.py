@@ -133,7 +133,8 @@ class GymserveEnvironmentImpl:
             r = torch.as_tensor(rewards, dtype=torch.float32)
             if r.ndim > 1:
                 r = r.sum(dim=-1)
-            valid = torch.tensor([not m for m in masked], dtype=torch.bool) if masked is not None else torch.ones_like(r, dtype=torch.bool)
+            valid = (torch.tensor([not m for m in masked], dtype=torch.bool) if masked is not None
+                     else torch.ones_like(r, dtype=torch.bool))
             scored = r[valid] if valid.numel() == r.numel() else r
             metrics["accuracy"] = float((scored >= self.pass_threshold).float().mean()) if scored.numel() else 0.0
             metrics["mean_reward"] = float(scored.mean()) if scored.numel() else 0.0

@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 from services.agents.loop import Agent, AgentConfig, Rollout, RolloutFailure, Upstream, error_message, message_text
 from services.agents.server import create_agent_app
 from services.core.errors import BadRequest, UpstreamError
+from services.core.failures import FailureKind
 
 DEFAULT_USER_PROMPT = (
     "You are the user of an AI assistant, not the assistant. Stay in character: reply to the assistant's last "
@@ -102,12 +103,12 @@ class MultiTurnRollout(Rollout):
         except UpstreamError as exc:
             raise RolloutFailure(exc.kind, f"{what} on {self.user_upstream.describe()}: {exc.message}")
         if response.status_code >= 400:
-            raise RolloutFailure("bad_request" if response.status_code < 500 else "upstream",
+            raise RolloutFailure(FailureKind.BAD_REQUEST if response.status_code < 500 else FailureKind.UPSTREAM,
                                  f"{what}: answered {response.status_code}: {error_message(response)}")
         try:
             output = response.json().get("output") or []
         except (ValueError, AttributeError):
-            raise RolloutFailure("upstream", f"{what}: invalid JSON reply")
+            raise RolloutFailure(FailureKind.UPSTREAM, f"{what}: invalid JSON reply")
         text = "".join(message_text(i) for i in output
                        if isinstance(i, dict) and i.get("type") == "message").strip()
         if self.config.end_token in text:

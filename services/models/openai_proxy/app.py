@@ -24,6 +24,8 @@ from pydantic import Field, model_validator
 
 from services.core.app import create_app, read_json, session_id
 from services.core.config import ServerConfig
+from services.core.openapi import SESSION_HEADER, describe
+from services.core.schemas import ResponseObject
 
 from .. import openai_api as oa
 from ..openai_api import ChatRequest, ResponsesRequest
@@ -67,11 +69,13 @@ def build(config: Config) -> FastAPI:
     proxy = OpenAIProxy(config)
     app = create_app(config, on_startup=[proxy.start], on_shutdown=[proxy.close], description=__doc__ or "")
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **describe(reply=oa.ModelList, errors=(502, 503, 504)))
     async def models() -> Any:
         return JSONResponse(await proxy.models())
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **describe(body=oa.ChatRequest, reply=oa.ChatCompletion, stream=True,
+                                                 parameters=[SESSION_HEADER], errors=(429, 502, 503, 504),
+                                                 passes_4xx=True))
     async def chat(request: Request) -> Any:
         body = await read_json(request)
         req: ChatRequest = oa.parse_request(ChatRequest, body)
@@ -81,7 +85,8 @@ def build(config: Config) -> FastAPI:
             return sse_response(chat_events(data, req))
         return JSONResponse(data)
 
-    @app.post("/v1/responses")
+    @app.post("/v1/responses", **describe(body=oa.ResponsesRequest, reply=ResponseObject, stream=True,
+                                          parameters=[SESSION_HEADER], errors=(429, 502, 503, 504), passes_4xx=True))
     async def responses(request: Request) -> Any:
         body = await read_json(request)
         req: ResponsesRequest = oa.parse_request(ResponsesRequest, body)

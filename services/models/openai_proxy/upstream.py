@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from services.core.errors import GymError, UpstreamError
+from services.core.failures import FailureKind
 
 VLLM_TOKEN_EXTRAS = {"logprobs": True, "return_tokens_as_token_ids": True, "return_token_ids": True}
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
@@ -59,7 +60,7 @@ def map_error(status: int, message: str) -> GymError:
     if status in (401, 403):
         return UpstreamError(f"upstream refused our credentials ({status}): {message}", upstream_status=status)
     if status == 408:
-        return UpstreamError(f"upstream timed out ({status}): {message}", kind="timeout", upstream_status=status)
+        return UpstreamError(f"upstream timed out ({status}): {message}", kind=FailureKind.TIMEOUT, upstream_status=status)
     return UpstreamError(f"upstream failed ({status}): {message}", upstream_status=status)
 
 

@@ -28,6 +28,9 @@ from pydantic import Field, field_validator
 from services.core.app import create_app, read_json, session_id
 from services.core.config import ServerConfig
 from services.core.errors import BadRequest
+from services.core.openapi import SESSION_HEADER, describe
+from services.core.schemas import ResponseObject
+from services.models.openai_api import ModelList, ResponsesRequest
 
 
 class Config(ServerConfig):
@@ -66,11 +69,20 @@ def build(config: Config) -> FastAPI:
             script = json.loads(raw) if isinstance(raw, str) else raw
         except ValueError as exc:
             raise BadRequest(f"metadata.stub_script: invalid JSON: {exc}") from None
-        if not isinstance(script, list):
-            raise BadRequest("metadata.stub_script: expected a JSON list of steps")
+        if not isinstance(script, list) or not all(isinstance(step, dict) for step in script):
+            raise BadRequest("metadata.stub_script: expected a JSON list of step objects")
+        for i, step in enumerate(script):
+            status, sleep = step.get("status"), step.get("sleep")
+            if status is not None and (not isinstance(status, int) or not 100 <= status <= 599):
+                raise BadRequest(f"metadata.stub_script[{i}].status: expected an HTTP status code")
+            if sleep is not None and (not isinstance(sleep, (int, float)) or not 0 <= sleep <= 600):
+                raise BadRequest(f"metadata.stub_script[{i}].sleep: expected seconds between 0 and 600")
+            if not isinstance(step.get("tool_calls") or [], list):
+                raise BadRequest(f"metadata.stub_script[{i}].tool_calls: expected a list")
         return script
 
-    @app.post("/v1/responses")
+    @app.post("/v1/responses", **describe(body=ResponsesRequest, reply=ResponseObject, parameters=[SESSION_HEADER],
+                                          errors=(429, 502, 503, 504), passes_4xx=True))
     async def responses(request: Request) -> JSONResponse:
         body = await read_json(request)
         if not isinstance(body, dict):
@@ -95,7 +107,7 @@ def build(config: Config) -> FastAPI:
                              "model": body.get("model") or config.model_name, "status": "completed",
                              "output": output, "usage": usage})
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **describe(reply=ModelList))
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": config.model_name, "object": "model", "owned_by": "gymserve"}]}
 

@@ -20,8 +20,10 @@ from fastapi import FastAPI
 from pydantic import Field
 
 from services.core.errors import BadRequest, Unavailable
+from services.core.failures import FailureKind
+from services.core.replies import failed_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app, tool
-from services.core.schemas import VerifyReply, VerifyRequest, failed_reply
+from services.core.schemas import VerifyReply, VerifyRequest
 
 from . import verify as judge
 from .repl import Repl
@@ -84,8 +86,27 @@ class Gate:
         self.sem.release()
 
 
+class CodeRequest(VerifyRequest):
+    tests: list[dict[str, Any]] | None = Field(None, description="[{input, output}]: stdin and expected stdout")
+    test_code: str | None = Field(None, description="assert-based tests run after the program (instead of tests)")
+    entry_point: str | None = Field(None, description="function the test_code calls")
+    reward_mode: Literal["fraction", "all"] | None = Field(None, description="overrides the server's reward_mode")
+
+
+class CodeReply(VerifyReply):
+    tests_passed: int | None = None
+    tests_total: int | None = None
+    test_results: list[dict[str, Any]] | None = Field(None, description="per test: passed, failure_kind, exit_code...")
+    sandbox: str | None = Field(None, description="bwrap or unsafe")
+
+
 class CodeEnv(Environment):
     config_model = Config
+    request_model = CodeRequest
+    reply_model = CodeReply
+    example_row = {"responses_create_params": {"input": [{"role": "user", "content": "Print a + b."}]},
+                   "tests": [{"input": "1 2\n", "output": "3\n"}]}
+    example_answer = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
     description = "Runs Python in a bubblewrap sandbox: tests-based /verify and a persistent execute_python tool."
     config: Config
 
@@ -144,10 +165,10 @@ class CodeEnv(Environment):
         broken = next((r.sandbox_error for r in results if r.sandbox_error), None)
         if broken:
             log.error("sandbox failure during verify: %s", broken)
-            return failed_reply(request, "sandbox", broken, tests_total=len(cases), **extra)
+            return failed_reply(request, FailureKind.SANDBOX, broken, tests_total=len(cases), **extra)
         outcomes = [judge.classify(c, r, self.test_limits.cpu_s) for c, r in zip(cases, results)]
         passed = sum(1 for o in outcomes if o["passed"])
-        return VerifyReply(**request.model_dump(), reward=judge.reward(outcomes, mode), tests_passed=passed,
+        return scored_reply(request, judge.reward(outcomes, mode), tests_passed=passed,
                            tests_total=len(outcomes), test_results=outcomes, **extra)
 
     # ---- tool mode ------------------------------------------------------------ #
@@ -160,6 +181,10 @@ class CodeEnv(Environment):
             raise BadRequest("terminate_on_evaluation: expected true or false")
         session.data["terminate_on_evaluation"] = flag
         return {"sandbox": self.sandbox.mode, "terminate_on_evaluation": flag}
+
+    def tool_parameters(self, name: str, fn: Any) -> dict[str, Any]:
+        return {"type": "object", "required": ["code"], "additionalProperties": False,
+                "properties": {"code": {"type": "string", "description": "Python source to run"}}}
 
     async def release(self, session: Session) -> None:
         repl = session.data.pop("repl", None)
@@ -181,7 +206,7 @@ class CodeEnv(Environment):
                 reply = await repl.execute(code, self.config.repl_timeout_s)
             except SandboxError as exc:
                 log.error("sandbox failure in execute_python: %s", exc)
-                raise Unavailable(str(exc), kind="sandbox") from None
+                raise Unavailable(str(exc), kind=FailureKind.SANDBOX) from None
         terminate = bool(session.data.get("terminate_on_evaluation"))
         reply["terminated"] = terminate and reply.pop("evaluated", False) and reply["exit_code"] == 0
         reply.pop("evaluated", None)

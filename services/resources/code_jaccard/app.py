@@ -11,9 +11,9 @@ from fastapi import FastAPI
 from pydantic import Field
 
 from services.core.errors import BadRequest
+from services.core.replies import scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
 from services.core.schemas import VerifyReply, VerifyRequest
-from services.resources.reply_util import make_reply
 
 from .scoring import ALIGNED_THRESHOLD, is_aligned, jaccard_score
 
@@ -38,8 +38,23 @@ def ground_truth_of(request: VerifyRequest) -> str:
     raise BadRequest("expected_answer: missing (the row needs expected_answer or ground_truth, a string)")
 
 
+class CodeJaccardRequest(VerifyRequest):
+    expected_answer: str | None = Field(None, description="the reference code (or `ground_truth`)")
+    ground_truth: str | None = Field(None, description="NeMo RL's name for expected_answer")
+
+
+class CodeJaccardReply(VerifyReply):
+    aligned: bool | None = Field(None, description="score >= aligned_threshold")
+    reward_reason: str | None = Field(None, description="why a response was not scored (too long)")
+
+
 class CodeJaccard(Environment):
     config_model = Config
+    request_model = CodeJaccardRequest
+    reply_model = CodeJaccardReply
+    example_row = {"responses_create_params": {"input": [{"role": "user", "content": "Write add(a, b)."}]},
+                   "expected_answer": "def add(a, b):\n    return a + b"}
+    example_answer = "def add(a, b):\n    return a + b"
     description = "Reward = NeMo RL Code Jaccard similarity of the response to expected_answer."
     config: Config
 
@@ -56,7 +71,7 @@ class CodeJaccard(Environment):
                                       f"max_response_chars={self.config.max_response_chars}; not scored")
         else:
             score = jaccard_score(text, truth)
-        return make_reply(request, reward=score, aligned=is_aligned(score, self.config.aligned_threshold), **extra)
+        return scored_reply(request, score, aligned=is_aligned(score, self.config.aligned_threshold), **extra)
 
 
 def build(config: Config) -> FastAPI:

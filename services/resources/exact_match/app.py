@@ -8,6 +8,7 @@ from fastapi import FastAPI
 from pydantic import Field
 
 from services.core.errors import BadRequest
+from services.core.replies import scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
 from services.core.schemas import VerifyReply, VerifyRequest
 
@@ -16,8 +17,18 @@ class Config(ResourceConfig):
     case_sensitive: bool = Field(False, description="compare with case")
 
 
+class ExactMatchRequest(VerifyRequest):
+    """`/verify` body of exact_match: the row's `expected_answer` and the model's response."""
+
+    expected_answer: str = Field(description="the reference answer (compared after stripping)")
+
+
 class ExactMatch(Environment):
     config_model = Config
+    request_model = ExactMatchRequest
+    example_row = {"responses_create_params": {"input": [{"role": "user", "content": "Capital of France? One word."}]},
+                   "expected_answer": "Paris"}
+    example_answer = "Paris"
     description = "Reward 1.0 when the response text equals expected_answer."
 
     async def verify(self, request: VerifyRequest, session: Session | None) -> VerifyReply:
@@ -28,7 +39,7 @@ class ExactMatch(Environment):
         want = expected.strip()
         if not self.config.case_sensitive:
             got, want = got.lower(), want.lower()
-        return VerifyReply(**request.model_dump(), reward=float(got == want))
+        return scored_reply(request, float(got == want))
 
 
 def build(config: Config) -> FastAPI:

@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Any, Callable, Literal
 
 from fastapi import FastAPI
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from services.core.errors import BadRequest
 from services.core.pool import TaskError, WorkerFailure
+from services.core.replies import exception_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
-from services.core.schemas import VerifyReply, VerifyRequest, failed_reply
-from services.resources.reply_util import make_reply
+from services.core.schemas import VerifyReply, VerifyRequest
 
 from .checks import InstructionError, check_row, detect_language, needs_slow_path, parse_row
 
@@ -38,8 +38,31 @@ def warm_worker() -> None:
     detect_language("warm up the language profiles")
 
 
+class InstructionFollowingRequest(VerifyRequest):
+    instruction_id_list: list[str] = Field(description="IFEval instruction ids, e.g. punctuation:no_comma")
+    kwargs: list[dict[str, Any] | None] | None = Field(None, description="arguments of each instruction, in order")
+    prompt: str | None = None
+
+
+class InstructionResult(BaseModel):
+    id: str
+    passed: bool
+
+
+class InstructionFollowingReply(VerifyReply):
+    instruction_results: list[InstructionResult] | None = None
+    follow_all_instructions: bool | None = None
+    follow_instruction_list: list[bool] | None = None
+    strictness: str | None = None
+
+
 class InstructionFollowing(Environment):
     config_model = Config
+    request_model = InstructionFollowingRequest
+    reply_model = InstructionFollowingReply
+    example_row = {"responses_create_params": {"input": [{"role": "user", "content": "A poem, no commas."}]},
+                   "instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}
+    example_answer = "the sea is wide and blue"
     needs_pool = True
     description = "IFEval verifiable instructions; reward = all-or-nothing or the fraction followed."
     config: Config
@@ -64,16 +87,14 @@ class InstructionFollowing(Environment):
         if needs_slow_path(pairs) or work > self.config.inline_max_work:
             try:
                 passed = await self.in_pool(check_row, text, pairs, loose)
-            except WorkerFailure as exc:
-                return failed_reply(request, exc.kind, f"instruction checks: {exc}")
-            except TaskError as exc:
-                return failed_reply(request, "crash", f"instruction checks raised {exc}")
+            except (WorkerFailure, TaskError) as exc:
+                return exception_reply(request, exc, "instruction checks")
         else:
             passed = check_row(text, pairs, loose)
         all_passed = all(passed)
         reward = float(all_passed) if self.config.reward_mode == "all" else sum(passed) / len(passed)
-        return make_reply(
-            request, reward=reward,
+        return scored_reply(
+            request, reward,
             instruction_results=[{"id": iid, "passed": ok} for (iid, _), ok in zip(pairs, passed)],
             follow_all_instructions=all_passed, follow_instruction_list=passed,
             strictness=self.config.strictness,

@@ -14,9 +14,11 @@ from fastapi import FastAPI
 from pydantic import Field
 
 from services.core.errors import BadRequest
+from services.core.failures import FailureKind
 from services.core.pool import TaskError, WorkerFailure
+from services.core.replies import exception_reply, failed_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
-from services.core.schemas import VerifyReply, VerifyRequest, failed_reply
+from services.core.schemas import VerifyReply, VerifyRequest
 
 from . import checker
 
@@ -80,20 +82,18 @@ class MathReply(VerifyReply):
         return out
 
 
-def _as_math_reply(reply: VerifyReply) -> MathReply:
-    return MathReply.model_validate(reply.model_dump())
-
-
-def _scored_reply(request: VerifyRequest, reward: float, extracted: str | None) -> MathReply:
-    """The reply for a judged request, built from the already validated request without a second
-    validation pass (the hot path: it runs once per item)."""
-    return MathReply.model_construct(**{
-        **request.__dict__, **(request.model_extra or {}), "reward": reward, "extracted_answer": extracted,
-        "mask_sample": False, "failure_kind": None, "failure_reason": None, "reward_components": None})
+class MathRequest(VerifyRequest):
+    expected_answer: str | int | float | None = Field(None, description="the reference answer (or ground_truth)")
+    ground_truth: str | int | float | None = Field(None, description="NeMo RL's name for expected_answer")
 
 
 class MathEnvironment(Environment):
     config_model = Config
+    request_model = MathRequest
+    reply_model = MathReply
+    example_row = {"responses_create_params": {"input": [{"role": "user", "content": "What is 17 + 25?"}]},
+                   "expected_answer": "42"}
+    example_answer = "17 + 25 = \\boxed{42}"
     needs_pool = True
     description = "Reward 1.0 when math-verify finds the response's answer equal to expected_answer."
     config: Config
@@ -108,18 +108,16 @@ class MathEnvironment(Environment):
                              "(no answer can be extracted from \\boxed{expected_answer})")
         if status == checker.TIMEOUT:
             return self.timed_out(request, "math-verify timed out on this response", extracted)
-        return _scored_reply(request, reward, extracted)
+        return scored_reply(request, reward, model=MathReply, extracted_answer=extracted)
 
     def timed_out(self, request: VerifyRequest, reason: str, extracted: str | None = None) -> VerifyReply:
-        return _as_math_reply(failed_reply(request, "timeout", reason, mask=self.config.timeout_policy == "mask",
-                                           extracted_answer=extracted))
+        return failed_reply(request, FailureKind.TIMEOUT, reason, mask=self.config.timeout_policy == "mask",
+                            model=MathReply, extracted_answer=extracted)
 
     def failure(self, request: VerifyRequest, exc: Exception) -> VerifyReply:
-        if isinstance(exc, WorkerFailure) and exc.kind == "timeout":
+        if isinstance(exc, WorkerFailure) and exc.kind == FailureKind.TIMEOUT:
             return self.timed_out(request, f"verifier {exc}")
-        if isinstance(exc, (WorkerFailure, TaskError)):
-            return _as_math_reply(failed_reply(request, "crash", f"verifier worker failed: {exc}"))
-        raise exc
+        return exception_reply(request, exc, "math-verify", model=MathReply)
 
     async def verify(self, request: VerifyRequest, session: Session | None) -> VerifyReply:
         expected = balanced_braces(expected_answer(request))
@@ -140,7 +138,7 @@ class MathEnvironment(Environment):
             try:
                 work.append((i, balanced_braces(expected_answer(request))))
             except BadRequest as exc:
-                replies[i] = failed_reply(request, "bad_request", exc.message)
+                replies[i] = exception_reply(request, exc, model=MathReply)
         if self.config.batch_chunk == 1:
             await self._run_each(requests, work, replies)
             return [r for r in replies if r is not None]
@@ -172,10 +170,8 @@ class MathEnvironment(Environment):
         outcomes = await self.pool.map(checker.score, [(requests[i].text(), expected, timeout_s)
                                                        for i, expected in work])
         for (i, expected), outcome in zip(work, outcomes):
-            if isinstance(outcome, (WorkerFailure, TaskError)):
+            if isinstance(outcome, BaseException):
                 replies[i] = self.failure(requests[i], outcome)
-            elif isinstance(outcome, BaseException):
-                replies[i] = _as_math_reply(failed_reply(requests[i], "crash", f"verifier failed: {outcome!r}"))
             else:
                 replies[i] = self._safe_reply(requests[i], expected, outcome)
 
@@ -183,7 +179,7 @@ class MathEnvironment(Environment):
         try:
             return self.reply(request, expected, outcome)
         except BadRequest as exc:
-            return failed_reply(request, "bad_request", exc.message)
+            return exception_reply(request, exc, model=MathReply)
 
 
 def build(config: Config) -> FastAPI:

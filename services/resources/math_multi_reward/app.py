@@ -12,11 +12,13 @@ from fastapi import FastAPI
 from pydantic import Field
 
 from services.core.errors import BadRequest
+from services.core.failures import FailureKind
 from services.core.pool import TaskError, WorkerFailure
+from services.core.replies import exception_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
-from services.core.schemas import VerifyReply, VerifyRequest, failed_reply
+from services.core.schemas import VerifyReply, VerifyRequest
 from services.resources.math import checker
-from services.resources.math.app import balanced_braces, expected_answer
+from services.resources.math.app import MathRequest, balanced_braces, expected_answer
 
 from . import scoring
 
@@ -31,8 +33,17 @@ class Config(ResourceConfig):
                                                     "correctness 0 (zero) or masks the sample")
 
 
+class MathMultiRewardReply(VerifyReply):
+    extracted_answer: str | None = Field(None, description="the text inside <answer> tags")
+
+
 class MathMultiReward(Environment):
     config_model = Config
+    request_model = MathRequest
+    reply_model = MathMultiRewardReply
+    example_row = {"responses_create_params": {"input": [{"role": "user", "content": "What is 40 + 2?"}]},
+                   "expected_answer": "42"}
+    example_answer = "<think>\nadd\n</think>\n<answer>\n42\n</answer>"
     description = "GDPO multi-reward math: correctness + integer answer + <think>/<answer> format."
     config: Config
 
@@ -49,7 +60,7 @@ class MathMultiReward(Environment):
         text = request.text()
         answer = scoring.extract_answer(text)
         parts = {"correctness": 0.0, "integer": scoring.integer(answer), "format": scoring.format_ok(text)}
-        extra: dict[str, Any] = {}
+        failure: tuple[FailureKind, str, bool] | None = None
         if self.config.correctness == "string":
             parts["correctness"] = scoring.correctness(answer, expected)
         else:
@@ -57,21 +68,17 @@ class MathMultiReward(Environment):
             try:
                 reward, _, status = await self.in_pool(checker.score, scoring.boxed(answer), expected,
                                                        self.config.math_verify_timeout_s)
-            except WorkerFailure as exc:
-                if exc.kind != "timeout":
-                    return failed_reply(request, "crash", f"verifier worker failed: {exc}")
+            except (WorkerFailure, TaskError) as exc:
+                if not isinstance(exc, WorkerFailure) or exc.kind != FailureKind.TIMEOUT:
+                    return exception_reply(request, exc, "math-verify")
                 status, reward = checker.TIMEOUT, 0.0
-            except TaskError as exc:
-                return failed_reply(request, "crash", f"verifier raised {exc}")
             if status == checker.BAD_GOLD:
                 raise BadRequest(f"expected_answer: {expected[:200]!r} is not parsable by math-verify")
             parts["correctness"] = reward
             if status == checker.TIMEOUT:
-                extra = {"failure_kind": "timeout", "failure_reason": "math-verify timed out on this answer",
-                         "mask_sample": self.config.timeout_policy == "mask"}
-        fields = {"mask_sample": False, "failure_kind": None, "failure_reason": None, **extra,
-                  "reward_components": parts, "extracted_answer": answer}
-        return VerifyReply(**{**request.model_dump(), **fields})  # row fields echoed, ours win
+                failure = (FailureKind.TIMEOUT, "math-verify timed out on this answer",
+                           self.config.timeout_policy == "mask")
+        return scored_reply(request, components=parts, failure=failure, extracted_answer=answer)
 
 
 def build(config: Config) -> FastAPI:

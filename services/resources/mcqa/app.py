@@ -15,9 +15,9 @@ from pydantic import Field, field_validator
 
 from services.core.errors import BadRequest
 from services.core.pool import TaskError, WorkerFailure
+from services.core.replies import exception_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
-from services.core.schemas import VerifyReply, VerifyRequest, failed_reply
-from services.resources.reply_util import make_reply
+from services.core.schemas import VerifyReply, VerifyRequest
 
 from .extract import (DEFAULT_PATTERNS, GRADING_MODES, OptionsError, compile_patterns, extract_letter,
                       normalize_expected, normalize_options)
@@ -54,8 +54,27 @@ def extract_job(text: str, options: dict[str, str], patterns: list[str], option_
     return extract_letter(text, options, compile_patterns(patterns), option_text_from)
 
 
+class MCQARequest(VerifyRequest):
+    options: list[dict[str, str]] | dict[str, str] | None = Field(
+        None, description='the choices, e.g. [{"A": "Venus"}, {"B": "Mars"}] (or under metadata, or `choices`)')
+    choices: list[Any] | dict[str, Any] | None = Field(None, description="alternative name for options")
+    expected_answer: str | None = Field(None, description="the right option letter (or under metadata)")
+    grading_mode: str | None = Field(None, description="NeMo-Gym grading mode of the row")
+    template_metadata: dict[str, Any] | None = Field(None, description="NeMo-Gym: output_regex for the letter")
+    metadata: dict[str, Any] | None = None
+
+
+class MCQAReply(VerifyReply):
+    extracted_answer: str | None = Field(None, description="the option letter found in the response")
+
+
 class MCQA(Environment):
     config_model = Config
+    request_model = MCQARequest
+    reply_model = MCQAReply
+    example_row = {"responses_create_params": {"input": [{"role": "user", "content": "Red planet? A: Venus B: Mars"}]},
+                   "options": [{"A": "Venus"}, {"B": "Mars"}], "expected_answer": "B"}
+    example_answer = "Mars is red. Answer: B"
     needs_pool = True
     description = "Multiple choice: reward 1.0 when the chosen option letter equals expected_answer."
     config: Config
@@ -105,11 +124,9 @@ class MCQA(Environment):
         else:
             try:
                 chosen = await self.in_pool(extract_job, text, options, patterns, fallback)
-            except WorkerFailure as exc:
-                return failed_reply(request, exc.kind, f"answer extraction: {exc}")
-            except TaskError as exc:
-                return failed_reply(request, "crash", f"answer extraction raised {exc}")
-        return make_reply(request, reward=float(chosen == expected), extracted_answer=chosen)
+            except (WorkerFailure, TaskError) as exc:
+                return exception_reply(request, exc, "answer extraction")
+        return scored_reply(request, float(chosen == expected), extracted_answer=chosen)
 
 
 def build(config: Config) -> FastAPI:

@@ -15,10 +15,11 @@ from fastapi import FastAPI
 from pydantic import Field
 
 from services.core.errors import BadRequest
+from services.core.failures import FailureKind
 from services.core.pool import TaskError, WorkerFailure
+from services.core.replies import exception_reply, failed_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
-from services.core.schemas import VerifyReply, VerifyRequest, failed_reply
-from services.resources.reply_util import make_reply
+from services.core.schemas import VerifyReply, VerifyRequest
 
 from .generate import task_names
 from .scoring import score, warm_worker
@@ -57,8 +58,29 @@ def entry_and_task(request: VerifyRequest) -> tuple[dict[str, Any], str]:
     return entry, task
 
 
+class ReasoningGymRequest(VerifyRequest):
+    reasoning_gym_entry: dict[str, Any] | None = Field(
+        None, description="the generator's {question, answer, metadata} (or NeMo-Gym's top-level fields)")
+    task_name: str | None = Field(None, description="reasoning-gym task (default: metadata.source_dataset)")
+    reasoning_gym_dataset: dict[str, Any] | None = None
+
+
+class ReasoningGymReply(VerifyReply):
+    task_name: str | None = None
+    score: float | None = None
+    extracted_answer: str | None = None
+    reward_reason: str | None = None
+
+
 class ReasoningGym(Environment):
     config_model = Config
+    request_model = ReasoningGymRequest
+    reply_model = ReasoningGymReply
+    example_row = {"responses_create_params": {"input": [{"role": "user", "content": "60 + 93 - 16 + 19 ="}]},
+                   "task_name": "chain_sum",
+                   "reasoning_gym_entry": {"question": "60 + 93 - 16 + 19 =", "answer": "156",
+                                           "metadata": {"source_dataset": "chain_sum", "source_index": 0}}}
+    example_answer = "<answer>156</answer>"
     needs_pool = True
     description = "reasoning-gym tasks; reward = the task's own score_answer of the extracted answer."
     config: Config
@@ -74,19 +96,17 @@ class ReasoningGym(Environment):
         entry, task = entry_and_task(request)
         text = request.text()
         if len(text) > self.config.max_response_chars:
-            return make_reply(request, reward=0.0, task_name=task, extracted_answer=None, reward_reason=(
+            return scored_reply(request, 0.0, task_name=task, extracted_answer=None, reward_reason=(
                 f"response of {len(text)} characters exceeds max_response_chars="
                 f"{self.config.max_response_chars}; not scored"))
         try:
             value, answer = await self.in_pool(score, task, text, entry, self.config.answer_extraction,
                                                request.field("reasoning_gym_dataset"))
-        except WorkerFailure as exc:
-            return failed_reply(request, exc.kind, f"{task} scorer: {exc}", task_name=task)
-        except TaskError as exc:
-            return failed_reply(request, "crash", f"{task} scorer raised {exc}", task_name=task)
-        if not math.isfinite(value):
-            return failed_reply(request, "crash", f"{task} scorer returned {value}", task_name=task)
-        return make_reply(request, reward=value, score=value, task_name=task, extracted_answer=answer)
+        except (WorkerFailure, TaskError) as exc:
+            return exception_reply(request, exc, f"{task} scorer", task_name=task)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return failed_reply(request, FailureKind.CRASH, f"{task} scorer returned {value!r}", task_name=task)
+        return scored_reply(request, value, score=value, task_name=task, extracted_answer=answer)
 
 
 def build(config: Config) -> FastAPI:

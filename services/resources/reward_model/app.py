@@ -16,13 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Literal, TypeVar
 
 from fastapi import FastAPI, Request
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.core.app import read_json
 from services.core.errors import BadRequest, Unavailable
+from services.core.failures import FailureKind
 from services.core.metrics_agg import aggregate_metrics, metrics_rows
+from services.core.openapi import describe
+from services.core.replies import failed_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
-from services.core.schemas import VerifyReply, VerifyRequest, failed_reply
+from services.core.schemas import VerifyReply, VerifyRequest
 
 from .batcher import DynamicBatcher
 from .formatting import Encoded, Encoder, rollout_messages, validate_conversation
@@ -37,7 +40,8 @@ INLINE_TOKENIZE_MAX = 4  # requests with more conversations are tokenized on the
 
 
 class Config(ResourceConfig):
-    model_name: str = Field(..., description="reward model: local path or hub id (AutoModelForSequenceClassification, num_labels=1)")
+    model_name: str = Field(..., description="reward model: local path or hub id "
+                                             "(AutoModelForSequenceClassification, num_labels=1)")
     tokenizer: str | None = Field(None, description="tokenizer path/id; default: the model's")
     chat_template: str | None = Field(None, description="override the tokenizer's chat template (jinja)")
     precision: Literal["auto", "bfloat16", "float16", "float32"] = Field(
@@ -83,8 +87,44 @@ class Config(ResourceConfig):
         return self
 
 
+class RewardModelReply(VerifyReply):
+    reward_model_score: float | None = Field(None, description="the raw score before score_transform")
+    truncated: bool | None = Field(None, description="the conversation was cut to max_model_len")
+    num_tokens: int | None = None
+
+
+class ScoreRequest(BaseModel):
+    conversations: list[list[dict[str, Any]]] = Field(description="conversations of {role, content} messages")
+
+
+class ScoreReply(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    scores: list[float]
+    truncated: list[bool]
+    num_tokens: list[int]
+    raw_scores: list[float] | None = None
+
+
+class OpenRLHFRewardRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    query: list[str] | str = Field(description="formatted prompt + response texts")
+    prompts: list[Any] | None = None
+    labels: list[Any] | None = None
+
+
+class OpenRLHFRewardReply(BaseModel):
+    rewards: list[float]
+    scores: list[float]
+    extra_logs: dict[str, Any]
+
+
 class RewardModel(Environment):
     config_model = Config
+    reply_model = RewardModelReply
+    example_row = {"responses_create_params": {"input": [{"role": "user", "content": "Write a haiku."}]}}
+    example_answer = "Waves fold into foam"
     description = "Reward = the single logit of a sequence-classification reward model on the conversation."
 
     def __init__(self, config: Config) -> None:
@@ -193,7 +233,7 @@ class RewardModel(Environment):
         try:
             raw, reward = await self.score_encoded([encoded])
         except ScoringError as exc:
-            return failed_reply(request, "crash", exc.message, truncated=encoded.truncated)
+            return failed_reply(request, exc.kind, exc.message, truncated=encoded.truncated)
         return _reply(request, raw[0], reward[0], encoded)
 
     async def verify_many(self, requests: list[VerifyRequest]) -> list[VerifyReply]:
@@ -218,9 +258,9 @@ class RewardModel(Environment):
         replies = []
         for request, enc, result in zip(requests, encoded, outcome):
             if isinstance(enc, BadRequest):
-                replies.append(failed_reply(request, "bad_request", enc.message))
+                replies.append(failed_reply(request, FailureKind.BAD_REQUEST, enc.message))
             elif isinstance(result, ScoringError):
-                replies.append(failed_reply(request, "crash", result.message, truncated=enc.truncated))
+                replies.append(failed_reply(request, result.kind, result.message, truncated=enc.truncated))
             else:
                 replies.append(_reply(request, result, next(transformed), enc))
         return replies
@@ -256,9 +296,8 @@ class RewardModel(Environment):
 
 
 def _reply(request: VerifyRequest, raw: float, reward: float, encoded: Encoded) -> VerifyReply:
-    data = request.model_dump()
-    data.update(reward=reward, reward_model_score=raw, truncated=encoded.truncated, num_tokens=encoded.num_tokens)
-    return VerifyReply.model_validate(data)
+    return scored_reply(request, reward, reward_model_score=raw, truncated=encoded.truncated,
+                        num_tokens=encoded.num_tokens)
 
 
 def _model_max_len(model_name: str, tokenizer: Any, trust_remote_code: bool) -> int:
@@ -308,7 +347,7 @@ def build(config: Config) -> FastAPI:
     env = RewardModel(config)
     app = create_resource_app(env)
 
-    @app.post("/score")
+    @app.post("/score", **describe(body=ScoreRequest, reply=ScoreReply, errors=(503,)))
     async def score(request: Request) -> dict[str, Any]:
         """{"conversations": [[{role, content}, ...], ...]} -> {"scores": [...]} in order."""
         conversations = _conversations(await read_json(request), config.max_batch_items)
@@ -323,7 +362,7 @@ def build(config: Config) -> FastAPI:
             reply["raw_scores"] = raw
         return reply
 
-    @app.post("/get_reward")
+    @app.post("/get_reward", **describe(body=OpenRLHFRewardRequest, reply=OpenRLHFRewardReply, errors=(503,)))
     async def get_reward(request: Request) -> dict[str, Any]:
         """OpenRLHF remote reward model: {"query": [text], "prompts"?, "labels"?} -> {rewards, scores, extra_logs}."""
         queries = _queries(await read_json(request), config.max_batch_items)
@@ -334,7 +373,7 @@ def build(config: Config) -> FastAPI:
         return {"rewards": rewards, "scores": rewards,
                 "extra_logs": {"reward_model_score": raw, "truncated": [float(e.truncated) for e in encoded]}}
 
-    @app.get("/stats")
+    @app.get("/stats", **describe(reply={"type": "object"}))
     async def stats() -> dict[str, Any]:
         return env.stats()
 

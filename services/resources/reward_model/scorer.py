@@ -15,6 +15,7 @@ import logging
 from typing import Any, Literal
 
 from services.core.errors import GymError
+from services.core.failures import FailureKind
 
 log = logging.getLogger("gymserve.reward_model")
 
@@ -26,7 +27,7 @@ class ScoringError(GymError):
 
     status_code = 503
     error_type = "scoring_failed"
-    kind = "crash"
+    kind = FailureKind.CRASH
 
 
 def resolve_devices(spec: str | None) -> list[str]:

@@ -10,11 +10,14 @@ are replayed instead.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI
+from pydantic import BaseModel, Field
 
 from services.core.errors import BadRequest
+from services.core.openapi import describe, ref
+from services.core.replies import scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app, tool
 from services.core.schemas import VerifyReply, VerifyRequest
 
@@ -74,13 +77,39 @@ def predicted_calls(request: VerifyRequest) -> list[tuple[str, dict[str, Any]]]:
     return calls
 
 
+class ToolCall(BaseModel):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class WorkplaceRequest(VerifyRequest):
+    ground_truth: list[ToolCall] = Field(description="the reference tool calls, replayed on a fresh database")
+    initial_state: dict[str, Any] | None = Field(None, description="database tables replacing the default seed")
+    state_updates: dict[str, Any] | None = Field(None, description="records added to the seed")
+
+
+class WorkplaceReply(VerifyReply):
+    mismatched_tables: list[str] | None = None
+    state_source: Literal["session", "replay"] | None = None
+
+
 class Workplace(Environment):
     config_model = Config
+    request_model = WorkplaceRequest
+    reply_model = WorkplaceReply
+    example_row = {"responses_create_params": {"input": [{"role": "user", "content": "Email Bob: launch moves."}]},
+                   "ground_truth": [{"name": "send_email", "arguments": json.dumps(
+                       {"recipient": "bob.martinez@lumen.io", "subject": "Launch", "body": "It moves."})}]}
+    example_answer = "Done."
     description = "Company database tools; reward 1 when the final state equals the ground truth's."
 
     async def seed(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         session.data["db"] = WorkplaceDB.from_row(body)
         return {"tools": list(wp.TOOLS)}
+
+    def tool_parameters(self, name: str, fn: Any) -> dict[str, Any]:
+        spec = wp.TOOLS.get(name)
+        return ref(spec.args) if spec else super().tool_parameters(name, fn)
 
     def call_tool(self, session: Session, name: str, arguments: dict[str, Any]) -> Any:
         db = session.data.get("db")
@@ -89,14 +118,14 @@ class Workplace(Environment):
         return wp.call(db, name, arguments)
 
     async def verify(self, request: VerifyRequest, session: Session | None) -> VerifyReply:
-        row = request.model_dump()
+        row = request.model_dump()  # seed fields (initial_state, state_updates) of the row
         truth = parse_calls(request.field("ground_truth"), "ground_truth")
         seed = WorkplaceDB.from_row(row)
         expected = replay(seed.copy(), truth, strict=True, where="ground_truth")
         live = session.data.get("db") if session else None
         actual = live if live is not None else replay(seed.copy(), predicted_calls(request), strict=False)
         mismatched = diff_tables(actual, expected)
-        return VerifyReply(**row, reward=0.0 if mismatched else 1.0, mismatched_tables=mismatched,
+        return scored_reply(request, 0.0 if mismatched else 1.0, mismatched_tables=mismatched,
                            state_source="session" if live is not None else "replay")
 
 
@@ -118,7 +147,7 @@ def build(config: Config) -> FastAPI:
     env = Workplace(config)
     app = create_resource_app(env)
 
-    @app.get("/tools")
+    @app.get("/tools", **describe(reply={"type": "array", "items": {"type": "object"}}, errors=()))
     async def list_tools() -> list[dict[str, Any]]:
         """JSON schemas of every tool, ready for `responses_create_params.tools`."""
         return wp.tool_schemas()

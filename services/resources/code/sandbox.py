@@ -208,7 +208,8 @@ class Sandbox:
             # A container runtime that masks /proc paths (Docker's default) forbids a fresh procfs in
             # an unprivileged user namespace: run without any /proc inside (it shows nothing then).
             self.proc_mount = False
-            self.notes.append("no /proc inside the sandbox: the container masks /proc paths")
+            self.notes.append("no /proc inside the sandbox (the container masks /proc paths); "
+                              "nested namespaces refused by the seccomp filter")
             await self.probe()
 
     async def probe(self) -> None:
@@ -266,7 +267,10 @@ class Sandbox:
     # ---- commands ---------------------------------------------------------- #
     def _bwrap_args(self, limits: Limits, status_fd: int, seccomp_fd: int | None) -> list[str]:
         assert self.bwrap
-        args = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+        # --disable-userns needs a /proc of the sandbox; without one the seccomp filter (which refuses
+        # unshare/setns/clone with CLONE_NEW*) is what keeps nested namespaces out
+        no_userns = ["--disable-userns"] if self.proc_mount or self.seccomp_filter is None else []
+        args = [self.bwrap, "--unshare-all", "--unshare-user", *no_userns, "--die-with-parent",
                 "--new-session", "--clearenv", "--setenv", "PATH", _INSIDE_PATH, "--setenv", "HOME", "/tmp",
                 "--setenv", "LANG", "C.UTF-8", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
                 "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]

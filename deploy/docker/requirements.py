@@ -2,7 +2,7 @@
 
     requirements.py PYPROJECT            -> the servers' requirements (core + the `serve` extra, no torch)
     requirements.py --torch PYPROJECT    -> the pinned torch requirement
-    requirements.py --check PYPROJECT    -> exit 1 if an installed torch is a CUDA build
+    requirements.py --check              -> exit 1 if CUDA packages got installed
 """
 from __future__ import annotations
 
@@ -22,17 +22,15 @@ def requirements(pyproject: str) -> tuple[list[str], str]:
 
 
 def main() -> None:
-    flag, path = (sys.argv[1], sys.argv[2]) if len(sys.argv) > 2 else ("", sys.argv[1])
-    rest, torch = requirements(path)
-    if flag == "--torch":
-        print(torch)
-    elif flag == "--check":
+    if sys.argv[1:] == ["--check"]:
         from importlib.metadata import distributions
         cuda = sorted(d.metadata["Name"] for d in distributions() if d.metadata["Name"].startswith("nvidia-"))
         if cuda:
             sys.exit(f"CUDA packages in a CPU image: {cuda}")
-    else:
-        print("\n".join(rest))
+        return
+    flag, path = (sys.argv[1], sys.argv[2]) if len(sys.argv) > 2 else ("", sys.argv[1])
+    rest, torch = requirements(path)
+    print(torch if flag == "--torch" else "\n".join(rest))
 
 
 if __name__ == "__main__":

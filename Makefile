@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench up clean
+.PHONY: install demo lint test test-fast docs bench up clean image compose-up compose-down
 
 install:
 	@bash deploy/install.sh
@@ -11,13 +11,22 @@ install:
 demo: install
 	$(PY) -m gymserve.demo
 
-test: install
+# ruff over all Python code, mypy over the typed packages listed in pyproject.toml
+lint: install
+	$(PY) -m ruff check --no-cache .
+	$(PY) -m mypy
+
+test: install lint docs
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml, docs/): --strict makes a broken link or a missing page fail.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # not --quiet: it hides the warnings --strict fails on
 
 test-fast: install
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
 
-BENCHMARKS := pool_throughput verify_math verify_envs code_exec reward_model agent_run collect_routing model_hf
+BENCHMARKS := pool_throughput verify_math verify_envs code_exec reward_model agent_run collect_routing model_hf head_proxy tail_latency ray_backend
 
 bench: install
 	@for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py || exit 1; done
@@ -25,5 +34,15 @@ bench: install
 up: install
 	$(VENV)/bin/gymserve up
 
+# Docker: one CPU image for every server; the stack in docker-compose.yml (docs/deployment/docker-compose.md).
+image:
+	@bash deploy/docker/build.sh
+
+compose-up:
+	@bash deploy/docker/compose.sh up
+
+compose-down:
+	@bash deploy/docker/compose.sh down
+
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache build site *.egg-info

@@ -63,7 +63,7 @@ async def measure(fns: dict[str, Callable[[], Awaitable[None]]], runs: int, conc
         for name, fn in fns.items():
             todo = iter(range(per_round))
 
-            async def worker() -> None:
+            async def worker(todo=todo, fn=fn) -> None:  # bound now: the loop moves on
                 for _ in todo:
                     await fn()
             start = time.perf_counter()

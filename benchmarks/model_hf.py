@@ -1,18 +1,21 @@
-"""Generation throughput of `models/hf` against a raw in-process transformers `generate` loop.
+"""Generation throughput of `models/hf` (continuous batching) against a raw batched transformers `generate`.
 
-    .venv/bin/python benchmarks/model_hf.py [--model PATH] [--tokens 32] [--rounds 2]
+    .venv/bin/python benchmarks/model_hf.py [--model PATH] [--tokens 32] [--rounds 2] [--concurrency 1,8,32]
 
-Starts the real server (the embedded SmolLM2-135M-Instruct by default) and measures generated
-tokens/s over HTTP at batch 1 (sequential requests) and batch 8 (8 concurrent requests, which
-the server batches), and the same prompts through `model.generate` in-process (batch 1, and one
-left-padded batch of 8), in interleaved rounds (best of each, so load from other jobs on a shared
-machine hits both sides alike). Prints both rates and the ratio ours/raw for each batch size.
-Greedy decoding, same max tokens, same torch thread count.
+Starts the real server twice (the embedded SmolLM2-135M-Instruct by default): once with continuous
+batching (the default) and once with `continuous_batching=false` (the static batching it replaced).
+At each concurrency C it sends C concurrent chat requests per wave (different prompts, greedy,
+same max tokens) and measures generated tokens/s over HTTP; the raw side runs the same prompts
+through `model.generate` in-process as left-padded batches of C. Rounds are interleaved and the
+best of each is kept, so load from other jobs on a shared machine hits every side alike.
+Time to first token (streamed requests, median) is measured at each concurrency as well.
+Prints tok/s, the ratio ours/raw per concurrency, and continuous/static.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,15 +26,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gymserve.testing import ServerProcess  # noqa: E402
 
-PROMPTS = [f"Write a short story about a {thing}." for thing in
-           ("cat", "robot", "river", "mountain", "teacher", "comet", "garden", "violin")]
+THINGS = ("cat", "robot", "river", "mountain", "teacher", "comet", "garden", "violin")
+STYLES = ("short story", "poem", "letter", "song")
+PROMPTS = [f"Write a {style} about a {thing}." for style in STYLES for thing in THINGS]  # 32 prompts
 
 
-def serve_rate(url: str, prompts: list[str], tokens: int, concurrency: int) -> float:
+def _chat(prompt: str, tokens: int, **extra: object) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+            "max_tokens": tokens, **extra}
+
+
+def serve_rate(client: httpx.Client, url: str, prompts: list[str], tokens: int, concurrency: int) -> float:
     def one(prompt: str) -> int:
-        r = httpx.post(f"{url}/v1/chat/completions", timeout=600, json={
-            "model": "m", "messages": [{"role": "user", "content": prompt}], "temperature": 0,
-            "max_tokens": tokens})
+        r = client.post(f"{url}/v1/chat/completions", json=_chat(prompt, tokens))
         r.raise_for_status()
         return r.json()["usage"]["completion_tokens"]
 
@@ -39,6 +46,23 @@ def serve_rate(url: str, prompts: list[str], tokens: int, concurrency: int) -> f
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         total = sum(pool.map(one, prompts))
     return total / (time.perf_counter() - start)
+
+
+def time_to_first_token(client: httpx.Client, url: str, prompts: list[str], tokens: int,
+                        concurrency: int) -> float:
+    """Median seconds from sending a streamed request to its first content chunk, C requests at once."""
+    def one(prompt: str) -> float:
+        start = time.perf_counter()
+        with client.stream("POST", f"{url}/v1/chat/completions", json=_chat(prompt, tokens, stream=True)) as r:
+            r.raise_for_status()
+            first = None
+            for line in r.iter_lines():  # read it all, like a real client
+                if first is None and line.startswith("data:") and '"content"' in line:
+                    first = time.perf_counter() - start
+        return first if first is not None else time.perf_counter() - start
+
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        return statistics.median(pool.map(one, prompts[:concurrency]))
 
 
 class RawGenerate:
@@ -72,33 +96,48 @@ class RawGenerate:
         return total / (time.perf_counter() - start)
 
 
+def report(c: int, rate: dict, ttft: dict, rounds: int) -> None:
+    ours, static, raw = (max(rate[(side, c)]) for side in ("continuous", "static", "raw"))
+    first = {side: min(ttft[(side, c)]) for side in ("continuous", "static")}
+    print(f"concurrency {c:2d} ({rounds} round(s)): continuous {ours:6.1f} tok/s | static {static:6.1f} tok/s | "
+          f"raw generate {raw:6.1f} tok/s | continuous/raw {ours / raw:.2f} (static/raw {static / raw:.2f}, "
+          f"continuous/static {ours / static:.2f}) | time to first token continuous "
+          f"{first['continuous'] * 1000:6.0f} ms, static {first['static'] * 1000:6.0f} ms", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="local model folder (default: the embedded SmolLM2)")
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved measurement rounds (best of)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved measurement rounds (best of)")
+    parser.add_argument("--concurrency", default="1,8,32", help="comma-separated concurrency levels")
     args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
 
     from services.models.hf.embedded import embedded_model_dir
 
     folder = Path(args.model) if args.model else embedded_model_dir()
     options = [f"model={args.model}"] if args.model else []
+    batch = f"max_batch_size={max(levels)}"
     raw = RawGenerate(folder)
-    results: dict[str, list[float]] = {"ours1": [], "raw1": [], "ours8": [], "raw8": []}
-    with ServerProcess("models/hf", *options, "max_batch_size=8", ready_timeout_s=600) as proc:
-        serve_rate(proc.url, PROMPTS[:2], 4, 2)  # warm-up
+    rate: dict[tuple[str, int], list[float]] = {}
+    ttft: dict[tuple[str, int], list[float]] = {}
+    with ServerProcess("models/hf", *options, batch, ready_timeout_s=600) as cont, \
+            ServerProcess("models/hf", *options, batch, "continuous_batching=false", ready_timeout_s=600) as static, \
+            httpx.Client(timeout=600, limits=httpx.Limits(max_connections=64)) as client:
+        servers = {"continuous": cont.url, "static": static.url}
+        for url in servers.values():
+            serve_rate(client, url, PROMPTS[:2], 4, 2)  # warm-up
         raw.rate(PROMPTS[:2], 4, 2)
-        # Interleaved rounds, best of each: the machine is shared, so the noise must hit both sides alike.
-        for _ in range(args.rounds):
-            results["ours1"].append(serve_rate(proc.url, PROMPTS[:4], args.tokens, 1))
-            results["raw1"].append(raw.rate(PROMPTS[:4], args.tokens, 1))
-            results["ours8"].append(serve_rate(proc.url, PROMPTS, args.tokens, 8))
-            results["raw8"].append(raw.rate(PROMPTS, args.tokens, 8))
-    ours1, raw1, ours8, raw8 = (max(results[k]) for k in ("ours1", "raw1", "ours8", "raw8"))
-    print(f"model: {folder.name}, greedy, max_tokens={args.tokens}")
-    print(f"batch 1: models/hf {ours1:6.1f} tok/s | raw generate {raw1:6.1f} tok/s | ratio {ours1 / raw1:.2f}")
-    print(f"batch 8: models/hf {ours8:6.1f} tok/s | raw generate {raw8:6.1f} tok/s | ratio {ours8 / raw8:.2f}")
-    print(f"batching speed-up (ours, batch 8 / batch 1): {ours8 / ours1:.2f}x")
+        print(f"model: {folder.name}, greedy, max_tokens={args.tokens}, interleaved rounds (best so far)", flush=True)
+        for number in range(args.rounds):
+            for c in levels:
+                prompts = PROMPTS[:max(c, 4)] if c == 1 else PROMPTS[:c]  # batch 1: 4 sequential requests
+                for name, url in servers.items():
+                    rate.setdefault((name, c), []).append(serve_rate(client, url, prompts, args.tokens, c))
+                    ttft.setdefault((name, c), []).append(time_to_first_token(client, url, prompts, args.tokens, c))
+                rate.setdefault(("raw", c), []).append(raw.rate(prompts, args.tokens, c))
+                report(c, rate, ttft, number + 1)
     return 0
 
 

@@ -124,7 +124,6 @@ def main() -> int:
         tokens = sum(len(s) for s in sequences)
         limit_sizes = sorted({int(x) for x in args.limit_batch_sizes.split(",")} | {args.batch_size})
         batchings = {size: [sequences[i:i + size] for i in range(0, len(sequences), size)] for size in limit_sizes}
-        batches = batchings[args.batch_size]
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.precision]
         model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=dtype).to(args.device).eval()
         # the limit runs on one dedicated thread, as the server's forward passes do (on this CPU torch ran

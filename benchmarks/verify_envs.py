@@ -132,7 +132,8 @@ def bench(env: str, total: int, concurrency: int, workers: int) -> None:
         batch_seconds, ok_batch = asyncio.run(batches(server.url, bodies, 100, concurrency))
     single_rate, batch_rate = total / seconds, total / batch_seconds
     q = statistics.quantiles(latencies, n=100)
-    print(f"{env:22s} in-process {local_rate:9.0f}/s (limit {limit:8.0f}/s{' = x' + str(workers) + ' workers' if pooled else ''}) | "
+    pool_note = f" = x{workers} workers" if pooled else ""
+    print(f"{env:22s} in-process {local_rate:9.0f}/s (limit {limit:8.0f}/s{pool_note}) | "
           f"/verify {single_rate:7.0f}/s p50 {q[49] * 1000:6.1f} ms p99 {q[98] * 1000:6.1f} ms "
           f"ratio {single_rate / limit:.2f} | /verify/batch {batch_rate:7.0f}/s ratio {batch_rate / limit:.2f} | "
           f"reward 1: {correct}/{ok_single}/{ok_batch} of {total}")

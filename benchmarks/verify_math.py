@@ -116,6 +116,7 @@ class Conn:
         self.port = port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.retry_after = 0.0  # Retry-After of the last reply (503 from a full queue)
 
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
         if self.writer is None:
@@ -126,9 +127,12 @@ class Conn:
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head.split(b" ", 2)[1])
         length = 0
+        self.retry_after = 0.0
         for line in head.split(b"\r\n"):
             if line.lower().startswith(b"content-length:"):
                 length = int(line.split(b":", 1)[1])
+            elif line.lower().startswith(b"retry-after:"):
+                self.retry_after = float(line.split(b":", 1)[1])
         return status, await self.reader.readexactly(length)
 
     def close(self) -> None:
@@ -147,6 +151,9 @@ async def drive(port: int, path: str, bodies: list[bytes], concurrency: int) -> 
             for i in next_index:
                 t = time.perf_counter()
                 status, payload = await conn.post(path, bodies[i])
+                while status == 503 and conn.retry_after:  # a full queue: come back when it says
+                    await asyncio.sleep(conn.retry_after)
+                    status, payload = await conn.post(path, bodies[i])
                 latencies[i] = time.perf_counter() - t
                 if status != 200:
                     raise RuntimeError(f"{path} answered {status}: {payload[:300]!r}")

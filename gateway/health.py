@@ -1,47 +1,24 @@
-"""Aggregated health: each server's readiness plus its throughput from `/metrics`.
+"""Aggregated health: each server's readiness plus its traffic and rewards from `/metrics`.
 
-The head samples every server periodically (and on demand); requests/s is the
-growth of the server's request counter over the last minute of samples. Probe
-traffic (`/`, `/health`, `/ready`) is left out of the count.
+The head samples every server periodically (and on demand) with short timeouts, so a
+dead or hung server costs one probe timeout in the background, never a stalled page.
+requests/s and latency percentiles cover the last minute of samples (`series.WINDOW_S`);
+probe traffic (`/`, `/health`, `/ready`) is left out of the counts.
 """
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
 from typing import Any, Callable
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from services.core.auth import auth_headers
 
 from .registry import Instance
+from .series import History, Sample, parse_sample
 
-PROBE_PATHS = frozenset({"/", "/health", "/ready"})
-WINDOW_S = 60.0
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Totals we show from a gymserve `/metrics` page."""
-    out = {"requests_total": 0.0, "errors_total": 0.0, "in_flight": 0.0, "failures_total": 0.0,
-           "latency_sum_s": 0.0, "latency_count": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = sample.labels
-            if sample.name == "gymserve_requests_total" and labels.get("path") not in PROBE_PATHS:
-                out["requests_total"] += sample.value
-                if labels.get("status", "").startswith("5"):
-                    out["errors_total"] += sample.value
-            elif sample.name == "gymserve_requests_in_flight":
-                out["in_flight"] += sample.value
-            elif sample.name == "gymserve_failures_total":
-                out["failures_total"] += sample.value
-            elif sample.name == "gymserve_request_duration_seconds_sum" and labels.get("path") not in PROBE_PATHS:
-                out["latency_sum_s"] += sample.value
-            elif sample.name == "gymserve_request_duration_seconds_count" and labels.get("path") not in PROBE_PATHS:
-                out["latency_count"] += sample.value
-    return out
+REPORTED_EXTRAS = ("backend", "replicas")  # what a registrar says about a server (the Ray backend)
 
 
 class HealthMonitor:
@@ -50,9 +27,9 @@ class HealthMonitor:
         self.instances = instances
         self.interval_s = interval_s
         self.probe_timeout_s = probe_timeout_s
-        self._samples: dict[str, collections.deque[tuple[float, float]]] = collections.defaultdict(
-            lambda: collections.deque(maxlen=64))
+        self.histories: dict[str, History] = {}
         self._last: dict[str, dict[str, Any]] = {}
+        self.sampled_at: float | None = None  # wall time of the last probe round
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -73,27 +50,38 @@ class HealthMonitor:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
             try:
                 await self.probe_all()
             except Exception:  # the loop must keep sampling
                 pass
+            await asyncio.sleep(self.interval_s)
+
+    def last_rows(self) -> list[dict[str, Any]] | None:
+        """The rows of the last probe round for servers still registered (None before the first)."""
+        if self.sampled_at is None:
+            return None
+        return [self._last[i.name] for i in self.instances() if i.name in self._last]
 
     async def probe_all(self) -> list[dict[str, Any]]:
         async with self._lock:
             insts = self.instances()
-            rows = await asyncio.gather(*(self._probe(inst) for inst in insts))
+            now_wall = time.time()  # one time for the round, so servers' samples line up on charts
+            rows = await asyncio.gather(*(self._probe(inst, now_wall) for inst in insts))
             names = {inst.name for inst in insts}
-            for gone in [n for n in self._samples if n not in names]:
-                self._samples.pop(gone, None)
+            for gone in [n for n in self.histories if n not in names]:
+                self.histories.pop(gone, None)
+            for gone in [n for n in self._last if n not in names]:
                 self._last.pop(gone, None)
+            self.sampled_at = now_wall
             return list(rows)
 
-    async def _probe(self, inst: Instance) -> dict[str, Any]:
+    async def _probe(self, inst: Instance, now_wall: float) -> dict[str, Any]:
         assert self._client is not None
-        now_wall = time.time()
         row: dict[str, Any] = {"name": inst.name, "server_type": inst.server_type, "kind": inst.kind,
                                "url": inst.url, "pid": inst.pid, "registration": inst.status(time.monotonic())}
+        for key in REPORTED_EXTRAS:  # what a registrar says about the server (the Ray backend: its replicas)
+            if key in inst.extra:
+                row[key] = inst.extra[key]
         started = time.perf_counter()
         try:
             ready = await self._client.get(f"{inst.url}/ready")
@@ -105,23 +93,35 @@ class HealthMonitor:
             try:
                 page = await self._client.get(f"{inst.url}/metrics", headers=auth_headers())
                 if page.status_code == 200:
-                    totals = parse_metrics(page.text)
-                    totals["in_flight"] = max(0.0, totals["in_flight"] - 1)  # not our own probe
-                    row.update(totals)
-                    samples = self._samples[inst.name]
-                    if samples and totals["requests_total"] < samples[-1][1]:
-                        samples.clear()  # the server restarted: its counters began again
-                    samples.append((now_wall, totals["requests_total"]))
-                    while len(samples) > 2 and now_wall - samples[0][0] > WINDOW_S:
-                        samples.popleft()
-                    first_t, first_n = samples[0]
-                    dt = now_wall - first_t
-                    row["requests_per_s"] = round((totals["requests_total"] - first_n) / dt, 3) if dt > 0 else None
-                    if totals["latency_count"]:
-                        row["mean_latency_ms"] = round(1000 * totals["latency_sum_s"] / totals["latency_count"], 2)
+                    sample = parse_sample(page.text, now_wall)
+                    sample.in_flight = max(0.0, sample.in_flight - 1)  # not our own probe
+                    history = self.histories.setdefault(inst.name, History(min_gap_s=self.interval_s / 2))
+                    history.add(sample)
+                    row.update(traffic_fields(sample, history))
             except (httpx.HTTPError, ValueError):
                 pass
         row["healthy"] = row["health"] == "ready"
         row.setdefault("requests_per_s", None)
         self._last[inst.name] = row
         return row
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def traffic_fields(sample: Sample, history: History) -> dict[str, Any]:
+    """A health row's numbers: totals since the server started, rates and percentiles of the last minute."""
+    recent = history.recent()
+    return {
+        "requests_total": sample.requests_total, "errors_total": sample.errors_total,
+        "in_flight": sample.in_flight, "failures_total": sample.failures_total,
+        "failures_by_kind": {k: v for k, v in sorted(sample.failures.items()) if v},
+        "latency_sum_s": sample.latency_sum_s, "latency_count": sample.latency_count,
+        "mean_latency_ms": _round(1000 * sample.latency_sum_s / sample.latency_count, 2)
+        if sample.latency_count else None,
+        "requests_per_s": _round(recent.requests_per_s, 3) if recent else None,
+        **{f"latency_p{q}_ms": _round(recent.latency_ms(q / 100), 2) if recent else None for q in (50, 90, 99)},
+        "rewards_total": sample.reward_count,
+        "reward_mean": _round(sample.reward_sum / sample.reward_count, 6) if sample.reward_count else None,
+    }

@@ -56,7 +56,9 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
             try:
-                if httpx.get(f"{self.url}/ready", timeout=2.0).status_code == 200:
+                r = httpx.get(f"{self.url}/ready", timeout=2.0)
+                # Another process may have taken the port first: only our server's name counts.
+                if r.status_code == 200 and _served_name(r) in (None, self.name):
                     return
             except httpx.HTTPError:
                 pass
@@ -108,6 +110,14 @@ class ServerProcess:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _served_name(response: httpx.Response) -> str | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body.get("name") if isinstance(body, dict) and isinstance(body.get("name"), str) else None
 
 
 class _suppress:

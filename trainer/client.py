@@ -1,7 +1,9 @@
 """Routing client: send a dataset row to the agent named by its `agent_ref` (`POST /run`).
 
 Agents are found by instance name through the head (`/server_instances`), re-resolved
-when a call cannot reach them (a restarted server may come back on another port).
+when a call cannot reach them (a restarted server may come back on another port). An agent
+whose registered URL is not reachable from here (a trainer outside a compose network) is
+called through the head's proxy instead, with no option to set (services/core/directory.py).
 Every rollout has one deadline covering all retries; only transport failures are
 retried. A rollout that fails is returned as a failure record (masked, with
 `failure_kind`/`failure_reason`), never as reward 0.
@@ -19,6 +21,8 @@ from services.core.client import ServiceClient
 from services.core.directory import Directory
 from services.core.errors import UpstreamError
 from services.core.failures import FAILURE_KINDS
+
+from .tokens import policy_version
 
 DEFAULT_HEAD_URL = "http://127.0.0.1:11000"
 T = TypeVar("T")
@@ -70,7 +74,7 @@ class RolloutClient:
         self._owns_client = client is None
         self.client = client or ServiceClient(max_connections=max(8, int(concurrency) + 4))
         self.directory = Directory(head_url if head_url is not None else (None if agents else default_head_url()),
-                                   static=agents, client=self.client)
+                                   static=agents, client=self.client, via_head="auto")
         self.concurrency = max(1, int(concurrency))
         self.deadline_s = float(deadline_s)
         self.retries = max(0, int(retries))
@@ -106,7 +110,7 @@ class RolloutClient:
             known = sorted(n for n, v in instances.items() if "agent" in str(v.get("server_type", v.get("kind", ""))))
             raise UpstreamError(f"unknown agent {name!r}: no server of that name is registered with the head at "
                                 f"{self.directory.head_url} (agents: {', '.join(known) or 'none'})", kind="bad_request")
-        return str(instances[name]["url"]).rstrip("/")
+        return await self.directory.route(name, str(instances[name]["url"]).rstrip("/"))
 
     async def run(self, row: dict[str, Any]) -> dict[str, Any]:
         """One rollout: the agent's verify reply, or a failure record. Never raises for a bad row or server."""
@@ -171,6 +175,8 @@ class RolloutClient:
         reward = record.get("reward")
         if isinstance(reward, bool) or not isinstance(reward, (int, float)):
             return failure_record(row, "upstream", f"agent reply has no numeric reward (got {reward!r})")
+        if record.get("policy_version") is None:
+            record["policy_version"] = policy_version(record.get("response"))
         return record
 
 

@@ -2,14 +2,16 @@
 
 Files (for OUT = `rollouts.jsonl`): `rollouts.jsonl` (one finished rollout per line,
 appended and flushed as each finishes), `rollouts_failures.jsonl` (failed rollouts of
-the latest run, masked, with reasons) and `rollouts_metrics.json` (per agent: mean
-reward, pass@k, failure counts). `resume=True` skips (task, rollout) pairs already in
+the latest run, masked, with reasons), `rollouts_metrics.json` (per agent: mean
+reward, pass@k, failure counts) and `rollouts_report.html` (reward histogram and
+failures by kind per agent, readable without a server). `resume=True` skips (task, rollout) pairs already in
 OUT and retries the rest, including earlier failures.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -20,6 +22,9 @@ from services.core.metrics_agg import aggregate_metrics
 
 from .client import RolloutClient, agent_name, expand_repeats, is_failure
 from .jsonl import JsonlAppender, read_complete_lines, read_rows
+from .report import write_report
+
+log = logging.getLogger("gymserve.collect")
 
 
 def sibling(out: str | Path, suffix: str) -> Path:
@@ -92,6 +97,7 @@ async def collect(rows: list[dict[str, Any]], out: str | Path, *, client: Rollou
     """
     out = Path(out)
     failures_path, metrics_path = sibling(out, "_failures.jsonl"), sibling(out, "_metrics.json")
+    report_path = sibling(out, "_report.html")
     work = expand_repeats(rows, repeats)
     finished: list[dict[str, Any]] = []
     if resume:
@@ -132,6 +138,10 @@ async def collect(rows: list[dict[str, Any]], out: str | Path, *, client: Rollou
                 task.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
             write_metrics(metrics_path, finished + failures, stats)
+            try:
+                write_report(finished + failures, report_path, title=f"gymserve collect: {out.name}")
+            except Exception:  # the report is a convenience: the rollouts are already safe
+                log.exception("could not write %s", report_path)
     return stats
 
 

@@ -165,7 +165,8 @@ def prepare_dataset(spec: DatasetSpec, *, skip_invalid: bool) -> tuple[list[dict
     rows, errors = [], []
     for where, item in raw:
         row = to_gym_row(item, spec, system_prompt=system_prompt, template=template)
-        env = spec.env or env_of_agent((row.get("agent_ref") or {}).get("name") if isinstance(row.get("agent_ref"), dict) else None)
+        agent_ref = row.get("agent_ref")
+        env = spec.env or env_of_agent(agent_ref.get("name") if isinstance(agent_ref, dict) else None)
         stats.env = stats.env or env
         problems = row_problems(row, env, spec.require)
         if problems:

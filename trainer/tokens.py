@@ -67,3 +67,12 @@ def stitch(response: dict[str, Any]) -> Stitched:
     if not result.completion_ids:
         raise StitchError("the model generated no tokens")
     return result
+
+
+def policy_version(response: Any) -> int | None:
+    """The oldest `policy_version` among a response's model calls (None when no call reports one):
+    a rollout is as stale as its oldest tokens."""
+    output = response.get("output") if isinstance(response, dict) else None
+    versions = [int(call["policy_version"]) for call in model_calls(output or [])
+                if isinstance(call.get("policy_version"), int)]
+    return min(versions) if versions else None

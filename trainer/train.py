@@ -10,23 +10,38 @@ Config (YAML; `key=value` overrides on the command line, dotted for nesting):
     reward_components: []                 # names -> one reward function each (GDPO)
     reward_functions: auto                # auto | total | components | both
     rollout: {concurrency: 64, deadline_s: 900, retries: 2, sampling: {}}
+    weight_sync: {enabled: auto, policy_server: null, max_policy_lag: 0}
+    plot: true                            # reward.png in output_dir at the end
+    progress: true                        # rich progress bar with the live reward
     grpo: {...}                           # any trl.GRPOConfig field
 
 `metrics.jsonl` in `output_dir` gets one line per logging step (loss, reward, reward
-components, KL, ...); the final weights go to `output_dir/final`.
+components, KL, |Δlogp|, policy lag, ...) through `trainer.step_log.StepLog.record`;
+the final weights go to `output_dir/final`.
+
+Weight sync (see trainer/weight_sync.py): unless `grpo.use_vllm` is set (TRL syncs vLLM
+itself), the trainer pushes its weights to the models/hf policy server before a rollout
+batch whenever the server is more than `max_policy_lag` versions behind. `enabled: auto`
+syncs when the head lists a models/hf server and warns loudly when it does not.
 """
 from __future__ import annotations
 
-import json
-import math
+import logging
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from .client import agent_name, default_head_url
+from .grpo import trainer_class
 from .jsonl import read_rows
+from .step_log import StepLog, plot
 from .trl import make_rollout_func, reward_functions, to_trl_dataset
+from .weight_sync import PolicyHooks, WeightSync, WeightSyncError, find_policy_server
+
+log = logging.getLogger("gymserve.trainer")
 
 
 class TrainConfigError(ValueError):
@@ -46,9 +61,13 @@ class TrainConfig:
     grpo: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     save_final: bool = True
+    weight_sync: dict[str, Any] = field(default_factory=dict)
+    plot: bool = True
+    progress: bool = True
 
 
 _ROLLOUT_KEYS = {"concurrency", "deadline_s", "retries", "sampling", "agents"}
+_SYNC_KEYS = {"enabled", "policy_server", "max_policy_lag"}
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -88,6 +107,15 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainCo
     bad_rollout = sorted(set(data.get("rollout") or {}) - _ROLLOUT_KEYS)
     if bad_rollout:
         raise TrainConfigError(f"{path}: rollout: unknown keys {bad_rollout} (known: {sorted(_ROLLOUT_KEYS)})")
+    bad_sync = sorted(set(data.get("weight_sync") or {}) - _SYNC_KEYS)
+    if bad_sync:
+        raise TrainConfigError(f"{path}: weight_sync: unknown keys {bad_sync} (known: {sorted(_SYNC_KEYS)})")
+    sync = data.get("weight_sync") or {}
+    if sync.get("enabled", "auto") not in ("auto", True, False):
+        raise TrainConfigError(f"{path}: weight_sync.enabled must be auto, true or false")
+    lag = sync.get("max_policy_lag", 0)
+    if isinstance(lag, bool) or not isinstance(lag, int) or lag < 0:
+        raise TrainConfigError(f"{path}: weight_sync.max_policy_lag must be an integer >= 0")
     if data.get("reward_functions", "auto") not in ("auto", "total", "components", "both"):
         raise TrainConfigError(f"{path}: reward_functions must be auto, total, components or both")
     if isinstance(data.get("head_url"), str) and "${" in data["head_url"]:
@@ -147,44 +175,56 @@ def _reward_funcs(config: TrainConfig, args: Any) -> list[Any]:
     return reward_functions(comps, include_total=(mode == "both"))
 
 
-class MetricsFile:
-    """A transformers TrainerCallback writing each log record as one JSON line."""
+def step_callback(step_log: StepLog):
+    """A transformers TrainerCallback that hands every log record to `step_log.record`."""
+    from transformers import TrainerCallback
 
-    def __init__(self, path: Path) -> None:
-        from transformers import TrainerCallback
+    class _Callback(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):  # noqa: D401 - transformers hook
+            step_log.start()
 
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("")
-        outer = self
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs:
+                step_log.record(state.global_step, logs)
 
-        class _Callback(TrainerCallback):
-            def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D401 - transformers hook
-                if logs:
-                    record = {"step": state.global_step, **{k: _json_value(v) for k, v in logs.items()}}
-                    with open(outer.path, "a", encoding="utf-8") as handle:
-                        handle.write(json.dumps(record) + "\n")
+        def on_train_end(self, args, state, control, **kwargs):
+            step_log.stop()
 
-        self.callback = _Callback()
+    return _Callback()
 
 
-def _json_value(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
+def weight_sync(config: TrainConfig, args: Any, head_url: str) -> WeightSync | None:
+    """The policy server's weight sync, or None (vLLM path, disabled, or no models/hf server with `auto`)."""
+    options = config.weight_sync or {}
+    enabled = options.get("enabled", "auto")
+    if enabled is False:
+        return None
+    if getattr(args, "use_vllm", False):
+        log.info("use_vllm: TRL keeps vLLM's weights in sync; gymserve's weight sync is off")
         return None
     try:
-        json.dumps(value)
-        return value
-    except TypeError:
-        return str(value)
+        name, url = find_policy_server(head_url, options.get("policy_server"))
+    except (WeightSyncError, httpx.HTTPError, ValueError) as exc:
+        if enabled is True or options.get("policy_server"):
+            raise TrainConfigError(f"weight_sync: {exc}") from None
+        log.warning("NO WEIGHT SYNC (%s): the policy server keeps its initial weights and rollouts become "
+                    "off-policy after the first step", exc)
+        return None
+    log.info("weight sync: policy server %s at %s, max_policy_lag=%d", name, url,
+             int(options.get("max_policy_lag", 0)))
+    return WeightSync(url, max_policy_lag=int(options.get("max_policy_lag", 0)))
 
 
 def build_trainer(config: TrainConfig):
     """The GRPOTrainer for `config` (model loaded, datasets indexed, rollout func wired)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOTrainer
 
     args = grpo_args(config)
+    if os.environ.get("GYMSERVE_TORCH_THREADS"):  # the same knob as the model servers' (busy small machines)
+        import torch
+
+        torch.set_num_threads(int(os.environ["GYMSERVE_TORCH_THREADS"]))
     train_rows = [row for path in config.train_data for row in read_rows(path)]
     eval_rows = [row for path in config.eval_data for row in read_rows(path)]
     if not train_rows:
@@ -199,23 +239,43 @@ def build_trainer(config: TrainConfig):
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, dtype="auto")
     rollout = dict(config.rollout)
-    rollout_func = make_rollout_func(config.head_url or default_head_url(), tokenizer, rows=train_rows + eval_rows,
-                                     **rollout)
-    metrics = MetricsFile(Path(config.output_dir) / "metrics.jsonl")
-    trainer = GRPOTrainer(model=model, reward_funcs=_reward_funcs(config, args), args=args,
-                          train_dataset=to_trl_dataset(train_rows),
-                          eval_dataset=to_trl_dataset(eval_rows) if eval_rows else None,
-                          processing_class=tokenizer, rollout_func=rollout_func, callbacks=[metrics.callback])
+    head_url = config.head_url or default_head_url()
+    hooks = PolicyHooks(weight_sync(config, args, head_url))
+    rollout_func = make_rollout_func(head_url, tokenizer, rows=train_rows + eval_rows, before_batch=hooks.before_batch,
+                                     after_batch=hooks.after_batch, **rollout)
+    step_log = StepLog(config.output_dir, total=args.max_steps if args.max_steps > 0 else None,
+                       progress=config.progress)
+    trainer = trainer_class()(model=model, reward_funcs=_reward_funcs(config, args), args=args,
+                              train_dataset=to_trl_dataset(train_rows),
+                              eval_dataset=to_trl_dataset(eval_rows) if eval_rows else None,
+                              processing_class=tokenizer, rollout_func=rollout_func,
+                              callbacks=[step_callback(step_log)])
+    if config.progress:  # the rich bar replaces transformers' tqdm bar and its printed dicts
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(ProgressCallback)
+        trainer.remove_callback(PrinterCallback)
+    trainer.gymserve_sync = hooks.sync
     return trainer
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
     trainer = build_trainer(config)
     result = trainer.train()
+    if trainer.gymserve_sync is not None:  # the policy server ends on the final weights
+        trainer.gymserve_sync.push(trainer.accelerator.unwrap_model(trainer.model), int(result.global_step))
+    metrics = Path(config.output_dir) / "metrics.jsonl"
+    plot_path = None
+    if config.plot:
+        try:
+            plot_path = str(plot(metrics, Path(config.output_dir) / "reward.png"))
+        except ImportError:
+            log.warning("no reward.png: matplotlib is not installed (pip install gymserve[ml])")
     final = Path(config.output_dir) / "final"
     if config.save_final:
         trainer.save_model(str(final))
         trainer.processing_class.save_pretrained(str(final))
     return {"global_step": result.global_step, "training_loss": result.training_loss,
-            "metrics": str(Path(config.output_dir) / "metrics.jsonl"),
-            "final_model": str(final) if config.save_final else None}
+            "metrics": str(metrics), "plot": plot_path,
+            "final_model": str(final) if config.save_final else None,
+            "weights_version": trainer.gymserve_sync.server_version if trainer.gymserve_sync else None}

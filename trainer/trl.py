@@ -93,12 +93,16 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
                       agents: dict[str, str] | None = None, concurrency: int = 64, deadline_s: float = 900.0,
                       retries: int = 2, sampling: dict[str, Any] | None = None,
                       on_records: Callable[[list[dict[str, Any]]], None] | None = None,
+                      before_batch: Callable[[Any], None] | None = None,
+                      after_batch: Callable[[Any, list[dict[str, Any]]], None] | None = None,
                       ) -> Callable[[list[Any], Any], dict[str, list[Any]]]:
     """Build `rollout_func(prompts, trainer) -> dict` for trl.GRPOTrainer.
 
     `sampling` overrides `responses_create_params` fields of every row (e.g. temperature);
     otherwise rows without `max_output_tokens`/`temperature` get the trainer's
     `max_completion_length`/`temperature`. `on_records` sees the raw rollout records.
+    `before_batch(trainer)` runs before any rollout of a batch starts (weight sync) and
+    `after_batch(trainer, records)` after all finished (policy lag metrics).
     """
     client = RolloutClient(head_url, agents=agents, concurrency=concurrency, deadline_s=deadline_s, retries=retries)
     index = RowIndex(rows or ())
@@ -109,6 +113,8 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
             index.add_dataset(getattr(trainer, "train_dataset", None))
             index.add_dataset(getattr(trainer, "eval_dataset", None))
             state["indexed_trainer"] = True
+        if before_batch is not None:
+            before_batch(trainer)
         work, missing = _build_rows(prompts, index, trainer, sampling, state["batch"])
         state["batch"] += 1
         todo = [(i, row) for i, row in enumerate(work) if row is not None]
@@ -120,8 +126,11 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
         for i in missing:
             records[i] = {"reward": None, "mask_sample": True, "failure_kind": "bad_request",
                           "failure_reason": "prompt not found in the training data (no gymserve_row for it)"}
+        finished = [r for r in records if r is not None]
         if on_records is not None:
-            on_records([r for r in records if r is not None])
+            on_records(finished)
+        if after_batch is not None:
+            after_batch(trainer, finished)
         return rollout_outputs(prompts, records, tokenizer)
 
     rollout_func.client = client  # type: ignore[attr-defined]

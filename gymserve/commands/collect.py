@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         return 130
     print(f"{stats.done} rollouts ({stats.failed} failed, {stats.skipped} already done) in "
           f"{stats.rate():.2f} rollouts/s -> {args.output}; failures: {sibling(args.output, '_failures.jsonl')}; "
-          f"metrics: {sibling(args.output, '_metrics.json')}", file=sys.stdout)
+          f"metrics: {sibling(args.output, '_metrics.json')}; report: {sibling(args.output, '_report.html')}",
+          file=sys.stdout)
     for name, agent in sorted(stats.agents.items()):
         mean = agent.mean_reward
         print(f"  {name}: mean reward {'-' if mean is None else f'{mean:.4f}'}, "

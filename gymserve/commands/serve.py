@@ -20,10 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_config(kind: str, overrides: list[str], *, name: str | None = None, host: str | None = None,
-                port: int | None = None):
-    """Module and validated config of one server: GYMSERVE_SERVER_SPEC, then key=value, then flags."""
+                port: int | None = None, spec: dict | None = None):
+    """Module and validated config of one server: its spec (default GYMSERVE_SERVER_SPEC), then
+    key=value, then flags. Every backend builds a server through here and `module.build`."""
     module = load_server(kind)
-    values = spec_from_env()
+    values = dict(spec_from_env() if spec is None else spec)
     values = apply_overrides(values, overrides)
     values["kind"] = kind
     values.setdefault("name", name or kind.rsplit("/", 1)[-1])

@@ -22,5 +22,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"gymserve train: {exc}", file=sys.stderr)
         return 2
     print(f"trained {result['global_step']} steps (mean loss {result['training_loss']:.6f}); "
-          f"metrics: {result['metrics']}; model: {result['final_model']}")
+          f"metrics: {result['metrics']}; plot: {result['plot']}; model: {result['final_model']}; "
+          f"policy server weights_version: {result['weights_version']}")
     return 0

@@ -19,6 +19,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-timeout", type=float, default=600.0, metavar="S",
                         help="seconds to wait for every server's /ready (default 600)")
     parser.add_argument("--no-restart", action="store_true", help="do not restart a crashed server")
+    parser.add_argument("--backend", choices=("process", "ray"), default="process",
+                        help="process: one local process per server (default); ray: every server as a Ray Serve "
+                             "deployment (stack entries may set replicas, num_cpus, num_gpus, "
+                             "max_ongoing_requests, autoscaling)")
+    ray = parser.add_argument_group("--backend ray")
+    ray.add_argument("--address", default=None, metavar="ADDR",
+                     help="join the Ray cluster at ADDR (e.g. 10.0.0.1:6379 or auto); default: start a local Ray "
+                          "and shut it down on exit")
+    ray.add_argument("--serve-host", default=None, metavar="HOST",
+                     help="Serve HTTP proxy bind address (default: the head's host)")
+    ray.add_argument("--serve-port", type=int, default=0, metavar="PORT",
+                     help="Serve HTTP proxy port (default: a free one)")
+    ray.add_argument("--num-cpus", type=float, default=None, metavar="N",
+                     help="CPUs a local Ray offers (default: all of this machine's)")
+    ray.add_argument("--ray-temp-dir", default=None, metavar="DIR",
+                     help="a local Ray's session and log folder (default: Ray's, under the system temp dir)")
+    ray.add_argument("--ray-dashboard", action="store_true", help="start a local Ray's dashboard")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,6 +43,21 @@ def run(args: argparse.Namespace) -> int:
 
     files = args.config or [str(DEFAULT_STACK)]
     stack = load_stack(files, args.overrides)
+    if args.backend == "ray":
+        return _run_ray(args, stack, where=", ".join(files))
     children = plan(stack, where=", ".join(files))
     launcher = Launcher(children, ready_timeout_s=args.ready_timeout, restart=not args.no_restart)
+    return asyncio.run(launcher.run())
+
+
+def _run_ray(args: argparse.Namespace, stack, *, where: str) -> int:
+    from gymserve.ray_backend import RayCluster, RayLauncher, check_available, plan_deployments
+
+    check_available()
+    head, deployments = plan_deployments(stack, where=where)
+    cluster = RayCluster(address=args.address, serve_host=args.serve_host or stack.head.host,
+                         serve_port=args.serve_port, num_cpus=args.num_cpus, temp_dir=args.ray_temp_dir,
+                         dashboard=args.ray_dashboard)
+    launcher = RayLauncher(head, deployments, cluster, ready_timeout_s=args.ready_timeout,
+                           restart=not args.no_restart)
     return asyncio.run(launcher.run())

@@ -69,7 +69,7 @@ def fetch_openapi(report: Report, probe: Probe, family: str) -> dict[str, Any] |
         expect(isinstance(paths, dict) and paths, "no paths")
         missing = [p for p in ["/health", "/ready", *REQUIRED_PATHS.get(family, [])] if p not in paths]
         expect(not missing, f"paths missing: {', '.join(missing)}")
-        unresolved = [ref for ref in _refs(doc) if _resolve(doc, ref) is None]
+        unresolved = [ref for ref in refs(doc) if resolve(doc, ref) is None]
         expect(not unresolved, f"unresolvable $ref: {', '.join(sorted(set(unresolved))[:5])}")
         spec = doc
     return spec
@@ -113,25 +113,25 @@ def _body_schema(spec: dict[str, Any], path: str) -> dict[str, Any] | None:
     if not isinstance(schema, dict):
         return None
     if "$ref" in schema:
-        schema = _resolve(spec, schema["$ref"])
+        schema = resolve(spec, schema["$ref"])
     return schema if isinstance(schema, dict) and schema else None
 
 
-def _refs(node: Any) -> list[str]:
+def refs(node: Any) -> list[str]:
     out: list[str] = []
     if isinstance(node, dict):
         ref = node.get("$ref")
         if isinstance(ref, str):
             out.append(ref)
         for value in node.values():
-            out += _refs(value)
+            out += refs(value)
     elif isinstance(node, list):
         for value in node:
-            out += _refs(value)
+            out += refs(value)
     return out
 
 
-def _resolve(doc: dict[str, Any], ref: str) -> Any:
+def resolve(doc: dict[str, Any], ref: str) -> Any:
     if not ref.startswith("#/"):
         return None
     node: Any = doc

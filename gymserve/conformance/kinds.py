@@ -1,6 +1,7 @@
 """Per-kind conformance: what a resource server, an agent, a model server and the head must do."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -11,7 +12,7 @@ from services.core.loader import available_kinds
 
 from . import generic
 from .probe import Probe
-from .report import Report, expect
+from .report import CheckFailed, Report, expect
 from .rows import REPO, answer_text, check_verify_reply, example_files, example_rows, response_with_text, verify_body
 from .servers import Servers, servers
 
@@ -35,7 +36,7 @@ def run_check(kind: str, options: list[str]) -> Report:
                 _check_model(report, pool, kind, options)
             else:
                 _check_head(report, pool, options)
-        except (RuntimeError, TimeoutError) as exc:  # a server that does not start is one failed check
+        except (RuntimeError, TimeoutError, CheckFailed) as exc:  # a server that does not start: one failed check
             report.fail("start: the server and its helpers start and report ready", str(exc).splitlines()[0])
     return report
 
@@ -50,10 +51,10 @@ def _generic(report: Report, probe: Probe, family: str) -> dict[str, Any] | None
 
 
 def _stub_and_agent(pool: Servers, resources: ServerProcess, row: dict[str, Any],
-                    agent_kind: str = "agents/simple_agent", agent_options: list[str] = ()
+                    agent_kind: str = "agents/simple_agent", agent_options: Sequence[str] = ()
                     ) -> tuple[ServerProcess, ServerProcess]:
     """A stub model that answers the row's expected answer, and an agent wired to it and `resources`."""
-    stub = pool.process("models/stub", f"text={answer_text(row)}")
+    stub = pool.process("models/stub", spec={"text": answer_text(row)})
     extra = [f"user_model_url={stub.url}"] if agent_kind == "agents/multi_turn_agent" else []
     agent = pool.process(agent_kind, f"resources_url={resources.url}", f"model_url={stub.url}", *extra,
                          *agent_options)

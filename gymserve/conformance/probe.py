@@ -9,10 +9,11 @@ TIMEOUT_S = 120.0  # generous: CI machines are loaded and some checks run real w
 
 
 class Probe:
-    def __init__(self, url: str, key: str | None) -> None:
+    def __init__(self, url: str, key: str | None, http: httpx.Client | None = None) -> None:
+        """`http` replaces the network client (an in-process one, e.g. Starlette's TestClient)."""
         self.url = url.rstrip("/")
         self.key = key
-        self.http = httpx.Client(base_url=self.url, timeout=TIMEOUT_S)
+        self.http = http or httpx.Client(base_url=self.url, timeout=TIMEOUT_S)
 
     def auth(self, key: str | None = None) -> dict[str, str]:
         key = self.key if key is None else key

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 from collections.abc import Iterator
+from typing import Any
 
 from gymserve.testing import ServerProcess
 
@@ -20,9 +22,11 @@ class Servers:
                     "GYMSERVE_SERVER_SPEC": "", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
         self._running: list[ServerProcess] = []
 
-    def process(self, kind: str, *overrides: str) -> ServerProcess:
-        """A server not started yet; its URL is known already, so helpers can be pointed at each other."""
-        return ServerProcess(kind, *overrides, name=_instance_name(kind), env=self.env,
+    def process(self, kind: str, *overrides: str, spec: dict[str, Any] | None = None) -> ServerProcess:
+        """A server not started yet; its URL is known already, so helpers can be pointed at each other.
+        `spec` holds options that do not fit on a command line (multi-line text)."""
+        env = {**self.env, "GYMSERVE_SERVER_SPEC": json.dumps(spec) if spec else ""}
+        return ServerProcess(kind, *overrides, name=_instance_name(kind), env=env,
                              ready_timeout_s=START_TIMEOUT_S, keep_log=False)
 
     def start(self, *procs: ServerProcess) -> None:

@@ -20,8 +20,9 @@ from starlette.middleware import Middleware
 from .config import ServerConfig
 from .errors import BadRequest, GymError, error_body
 from .metrics import Metrics
-from .middleware import (REQUEST_ID_HEADER, AuthMiddleware, BodyLimitMiddleware, ErrorReplyMiddleware,
-                         MetricsMiddleware, RequestIdMiddleware, request_id_of)
+from .middleware import (REQUEST_ID_HEADER, AdmissionControl, AuthMiddleware, BodyLimitMiddleware,
+                         ErrorReplyMiddleware, MetricsMiddleware, RequestIdMiddleware, admission_options,
+                         request_id_of)
 from .openapi import HEALTH_DOC, READY_DOC, install
 from .text import reject_lone_surrogates
 
@@ -98,7 +99,7 @@ def create_app(
             for hook in on_startup:
                 await hook()
             state["ready"] = True
-            if config.head_url:
+            if config.head_url and config.register_with_head:
                 from .registration import heartbeat_loop
 
                 heartbeat = asyncio.create_task(heartbeat_loop(config, server_type or server_type_name(config.kind)))
@@ -123,6 +124,7 @@ def create_app(
         Middleware(MetricsMiddleware, metrics=metrics),
         Middleware(ErrorReplyMiddleware, metrics=metrics),
         Middleware(AuthMiddleware),
+        Middleware(AdmissionControl, **admission_options(config)),  # after auth: strangers take no queue slot
         Middleware(BodyLimitMiddleware, max_body_bytes=config.max_body_bytes),
     ]
     app = FastAPI(title=f"gymserve {config.kind or 'server'}: {config.name}", description=description,

@@ -1,4 +1,4 @@
-"""Bearer auth from GYMSERVE_API_KEY (DESIGN §3). The key never travels in argv."""
+"""Bearer auth from GYMSERVE_API_KEY: every endpoint but /, /health and /ready. The key never travels in argv."""
 from __future__ import annotations
 
 import hmac

@@ -1,8 +1,9 @@
 """Async HTTP client for server-to-server calls.
 
 Every call has a deadline that covers all its retries; only connection errors and
-502/503/504 are retried, with exponential backoff and jitter; auth and session ids
-are propagated. Plain calls go through aiohttp, which costs several times less CPU
+502/503/504 are retried, with exponential backoff and jitter, never sooner than a
+reply's `Retry-After` (an overloaded server's bounded queue says when to come back) and
+never past the deadline; auth and session ids are propagated. Plain calls go through aiohttp, which costs several times less CPU
 per request than httpx at high concurrency (measured in benchmarks/agent_run.py);
 `http` is an httpx client kept for the few callers that stream.
 """
@@ -113,6 +114,7 @@ class ServiceClient:
             hdrs.setdefault("Content-Type", "application/json")
         last = "no attempt made"
         for attempt in range(attempts):
+            reply: Reply | None = None
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -138,6 +140,8 @@ class ServiceClient:
             if attempt + 1 == attempts:
                 raise UpstreamError(f"giving up after {attempts} attempts: {last}")
             delay = min(self.backoff_max_s, self.backoff_s * 2 ** attempt) * (0.5 + random.random())
+            if reply is not None:  # an overloaded server says when to come back: not sooner
+                delay = max(delay, retry_after(reply))
             if time.monotonic() + delay >= deadline:
                 break  # no time left for another attempt: that is a timeout, not a verdict on the server
             await asyncio.sleep(delay)
@@ -149,6 +153,15 @@ class ServiceClient:
 
     async def get_json(self, url: str, **kwargs: Any) -> Any:
         return decode(await self.request("GET", url, **kwargs), url)
+
+
+def retry_after(reply: Reply) -> float:
+    """Seconds a 503/429 reply asks the caller to wait (`Retry-After` in seconds; 0 when absent or a date)."""
+    value = reply.headers.get("Retry-After", "").strip()
+    try:
+        return max(0.0, float(value)) if value else 0.0
+    except ValueError:
+        return 0.0  # an HTTP date: rare between our servers, fall back to the backoff
 
 
 def decode(response: Reply, url: str) -> Any:

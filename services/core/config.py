@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 DEFAULT_HEAD_PORT = 11000
 SECRET_PATTERN = re.compile(r"key|token|secret|password", re.IGNORECASE)
@@ -34,14 +34,47 @@ class ServerConfig(BaseModel):
     head_url: str | None = Field(default_factory=lambda: os.environ.get("GYMSERVE_HEAD_URL") or None)
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="larger request bodies get 413")
     heartbeat_s: float = Field(5.0, gt=0)
+    max_concurrent_requests: int = Field(256, gt=0, description="requests whose handlers run at once; "
+                                                               "more wait in arrival order")
+    max_queued_requests: int = Field(4096, ge=0, description="requests that may wait for a slot; beyond "
+                                                            "that a request gets 503 with Retry-After at once")
+    retry_after_s: float = Field(1.0, gt=0, description="Retry-After of a 503 from a full queue (whole seconds)")
+    max_queue_wait_s: float | None = Field(None, gt=0, description="a request waiting longer for a slot gets 503 "
+                                                                   "(unset: waits until its turn)")
+    register_with_head: bool = Field(True, description="heartbeat to the head at head_url; off when something else "
+                                             "registers this server (the Ray backend registers its deployments)")
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
 
+class AutoscalingSpec(BaseModel):
+    """Replica bounds for the Ray backend (Ray Serve's autoscaling); the process backend ignores them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1, ge=1)
+    target_ongoing_requests: float = Field(2.0, gt=0, description="requests in flight per replica to aim for")
+    upscale_delay_s: float = Field(30.0, ge=0)
+    downscale_delay_s: float = Field(600.0, ge=0)
+    look_back_period_s: float = Field(30.0, gt=0, description="window the load is averaged over")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "AutoscalingSpec":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})")
+        return self
+
+
+# keys of a stack entry that say how to scale a server rather than how it behaves
+SCALING_KEYS = ("replicas", "num_cpus", "num_gpus", "max_ongoing_requests", "autoscaling")
+
+
 class ServerSpec(BaseModel):
-    """One server instance of a stack."""
+    """One server instance of a stack. The scaling fields are read by the Ray backend only:
+    the process backend runs exactly one process per server whatever they say."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -49,6 +82,11 @@ class ServerSpec(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535)
     options: dict[str, Any] = Field(default_factory=dict)
+    replicas: int = Field(1, ge=1, description="Ray backend: fixed number of replicas")
+    num_cpus: float = Field(0.0, ge=0, description="Ray backend: CPUs reserved per replica")
+    num_gpus: float = Field(0.0, ge=0, description="Ray backend: GPUs per replica (fractions share one)")
+    max_ongoing_requests: int | None = Field(None, ge=1, description="Ray backend: requests a replica takes at once")
+    autoscaling: AutoscalingSpec | None = Field(None, description="Ray backend: replica bounds (replaces replicas)")
 
 
 class HeadSpec(BaseModel):
@@ -173,7 +211,7 @@ def _normalise_server(name: str, raw: Any, where: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: servers.{name} must be a mapping")
     raw = dict(raw)
-    spec: dict[str, Any] = {k: raw.pop(k) for k in ("kind", "host", "port") if k in raw}
+    spec: dict[str, Any] = {k: raw.pop(k) for k in ("kind", "host", "port", *SCALING_KEYS) if k in raw}
     options = dict(raw.pop("options", None) or {})
     options.update(raw)
     spec["options"] = options

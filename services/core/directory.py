@@ -2,11 +2,17 @@
 
 Agents, the trainer client and the head's adapters find each other by instance name,
 so a restarted or moved server is found again (call `invalidate` after a failure).
+
+A client outside the servers' network (a trainer on the host of a compose stack, whose
+servers registered as `http://math_simple_agent:8000`) cannot use those URLs. With
+`via_head="auto"` each server is probed once at its direct URL; when that does not resolve
+or connect, calls go through the head's reverse proxy (`/servers/{name}`) instead. The
+decision is cached per server and made again after `invalidate`.
 """
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 from .client import ServiceClient, shared_client
 from .errors import UpstreamError
@@ -15,13 +21,17 @@ from .failures import FailureKind
 
 class Directory:
     def __init__(self, head_url: str | None, *, static: dict[str, str] | None = None,
-                 client: ServiceClient | None = None, ttl_s: float = 10.0) -> None:
+                 client: ServiceClient | None = None, ttl_s: float = 10.0,
+                 via_head: Literal["never", "auto"] = "never", probe_s: float = 3.0) -> None:
         self.head_url = head_url.rstrip("/") if head_url else None
         self.static = dict(static or {})
         self.client = client or shared_client()
         self.ttl_s = ttl_s
+        self.via_head = via_head
+        self.probe_s = probe_s
         self._cache: dict[str, dict[str, Any]] = {}
         self._fetched = 0.0
+        self._routes: dict[str, tuple[str, str]] = {}  # name -> (direct URL, URL to use)
 
     async def instances(self, *, refresh: bool = False) -> dict[str, dict[str, Any]]:
         if self.head_url and (refresh or time.monotonic() - self._fetched > self.ttl_s):
@@ -41,11 +51,34 @@ class Directory:
         if not found:
             raise UpstreamError(f"no server named {name!r} is registered with the head at {self.head_url}",
                                 kind=FailureKind.UPSTREAM, status_code=502)
-        return str(found["url"]).rstrip("/")
+        return await self.route(name, str(found["url"]).rstrip("/"))
+
+    async def route(self, name: str, direct: str) -> str:
+        """The URL to call server `name` at: `direct`, or the head's proxy when `direct` is unreachable
+        from here (only with via_head="auto"; the choice is cached per server)."""
+        if self.via_head != "auto" or not self.head_url or name in self.static:
+            return direct
+        cached = self._routes.get(name)
+        if cached and cached[0] == direct:
+            return cached[1]
+        chosen = direct if await self._reachable(direct) else f"{self.head_url}/servers/{name}"
+        self._routes[name] = (direct, chosen)
+        return chosen
+
+    async def _reachable(self, url: str) -> bool:
+        """Any HTTP answer counts (even 401 or 503): only a name that does not resolve or a
+        connection that fails makes the head's proxy the way in."""
+        try:
+            await self.client.request("GET", f"{url}/health", deadline_s=self.probe_s, retries=0)
+        except UpstreamError as exc:
+            return exc.upstream_status is not None
+        return True
 
     def invalidate(self, name: str | None = None) -> None:
-        """Forget cached locations (all, or one name) so the next lookup asks the head."""
+        """Forget cached locations and routes (all, or one name) so the next lookup asks the head."""
         if name is None:
             self._fetched = 0.0
+            self._routes.clear()
         else:
             self._cache.pop(name, None)
+            self._routes.pop(name, None)

@@ -208,6 +208,12 @@ _PIPELINE_MAX_BYTES = 64 * 1024
 # a worker is "streaming" (gets its next batch before it runs dry) only while results arrive
 # this soon after each other; a worker stuck on a slow item gets nothing more queued behind it
 _PIPELINE_RECENT_S = 0.002
+# Micro-batches are sized so that one holds about this much work (from a running average of the
+# pool's item times): quick items travel 16 to a message, items of a few ms go one at a time. A
+# batch is a queue private to one worker; a long one would make an item wait behind slow
+# neighbours while another worker idles (head-of-line blocking: the source of the p99 tail).
+_BATCH_TARGET_S = 0.002
+_ITEM_TIME_WEIGHT = 0.1  # weight of the newest sample in the running average
 
 
 @dataclass(eq=False, slots=True)
@@ -271,6 +277,7 @@ class WorkerPool:
         self._closed = False
         self._all_ready: asyncio.Event | None = None
         self._dispatch_scheduled = False
+        self.item_time_s: float | None = None  # running average of item time (None: nothing measured yet)
 
     # ---- lifecycle -------------------------------------------------------- #
     async def start(self) -> "WorkerPool":
@@ -463,7 +470,11 @@ class WorkerPool:
         if not worker.inflight or worker.inflight[0].id != item_id:
             return  # a result for an item we already gave up on
         item = worker.inflight.popleft()
-        worker.item_started = time.monotonic()
+        now = time.monotonic()
+        took = now - worker.item_started
+        self.item_time_s = took if self.item_time_s is None else \
+            self.item_time_s + _ITEM_TIME_WEIGHT * (took - self.item_time_s)
+        worker.item_started = now
         if item.future.done():
             return
         if ok:
@@ -585,17 +596,24 @@ class WorkerPool:
             worker.item_started = time.monotonic()
         worker.inflight.extend(batch)
 
+    def batch_limit(self) -> int:
+        """Items per message now: ~`_BATCH_TARGET_S` of work, at least 1, at most `max_batch`."""
+        if self.item_time_s is None:
+            return 1  # nothing measured yet: the first items go one at a time
+        return max(1, min(self.max_batch, int(_BATCH_TARGET_S / max(self.item_time_s, 1e-6))))
+
     def _dispatch(self) -> None:
         self._dispatch_scheduled = False
         if not self._pending:
             return
         live = [w for w in self._workers if w.ready and not w.dead]
         idle = [w for w in live if not w.inflight]
+        limit = self.batch_limit()
         for worker in idle:
             if not self._pending:
                 return
             share = -(-len(self._pending) // len(idle))
-            batch = self._take(min(self.max_batch, share))
+            batch = self._take(min(limit, share))
             if batch:
                 self._send(worker, batch, pipelined=False)
         if not self._pending:
@@ -603,13 +621,13 @@ class WorkerPool:
         # Workers churning through quick items get their next batch before they run dry, so
         # they do not idle for a round trip between batches.
         now = time.monotonic()
-        streaming = [w for w in live if w.inflight and len(w.inflight) <= self.max_batch
+        streaming = [w for w in live if w.inflight and len(w.inflight) <= limit
                      and now - w.item_started < _PIPELINE_RECENT_S]
         for worker in streaming:
             if not self._pending:
                 return
             share = -(-len(self._pending) // len(streaming))
-            batch = self._take(min(self.max_batch, share))
+            batch = self._take(min(limit, share))
             if batch:
                 self._send(worker, batch, pipelined=True)
 

@@ -36,14 +36,20 @@ def registration_body(config: ServerConfig, server_type: str) -> dict:
     }
 
 
+async def register(head_url: str, body: dict) -> None:
+    """One `POST /register`; raises when the head cannot be reached (it may start after us)."""
+    await shared_client().post_json(f"{head_url.rstrip('/')}/register", body, deadline_s=5.0, retries=0)
+
+
 async def heartbeat_loop(config: ServerConfig, server_type: str) -> None:
     """Register now and every `heartbeat_s`; a head that is down is retried quietly."""
+    if not config.head_url:
+        return
     body = registration_body(config, server_type)
-    url = f"{config.head_url.rstrip('/')}/register"
     warned = False
     while True:
         try:
-            await shared_client().post_json(url, body, deadline_s=5.0, retries=0)
+            await register(config.head_url, body)
             warned = False
         except Exception as exc:  # the head may start after us or restart
             if not warned:

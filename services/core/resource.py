@@ -214,7 +214,10 @@ def create_resource_app(env: Environment) -> FastAPI:
     app.state.env = env
 
     def count(reply: VerifyReply) -> VerifyReply:
+        """Every verify reply passes here: masked ones count by failure kind, judged ones by reward."""
         metrics.failure(reply.failure_kind)
+        if not reply.mask_sample:
+            metrics.reward(reply.reward)
         return reply
 
     verify_example = {"example": example_verify_body(env.example_row, env.example_answer)} if env.example_row else None

@@ -1,4 +1,4 @@
-"""Pydantic models of the wire contract (NeMo-Gym compatible rows, verify bodies and replies).
+"""Pydantic models of the wire format (NeMo-Gym's: rows, verify bodies and replies; see docs/architecture.md).
 
 Every model keeps unknown fields (`extra="allow"`) because NeMo-Gym rows carry
 arbitrary task fields that must be echoed back unchanged.

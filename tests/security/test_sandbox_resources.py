@@ -134,3 +134,27 @@ async def test_fork_bomb_is_contained_without_a_cgroup():
         assert result.stdout.startswith("start")
     finally:
         await sandbox.close()
+
+
+def test_sandbox_starts_under_uvloop_without_a_cgroup():
+    """uvicorn runs on uvloop when installed, whose subprocess_exec rejects user/group/extra_groups:
+    starting bwrap as uid 65534 (root without a cgroup, e.g. in a container) must still work there."""
+    import os
+
+    import uvloop
+
+    from services.resources.code.sandbox import Limits, Sandbox
+
+    async def main() -> tuple[str, dict]:
+        sandbox = Sandbox("bwrap", pids_cgroup=False)
+        await sandbox.start()  # runs the probe: uid, clean env, no network, fork limit
+        try:
+            result = await sandbox.run("import os\nprint(os.getuid())\n", b"", Limits(wall_s=10))
+            return result.stdout, sandbox.describe()
+        finally:
+            await sandbox.close()
+
+    stdout, described = uvloop.run(main())
+    assert stdout.strip() == "65534"
+    if os.geteuid() == 0:
+        assert "uid 65534" in described["process_limit"], described

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-import pytest
 from fastapi import Request
 
 from services.core.app import create_app, read_json

@@ -1,5 +1,6 @@
-"""Deployment files are validated, not run (no Docker engine here): every server they start must be
-a real kind whose options validate, so a typo fails here instead of on a cluster."""
+"""Deployment files are validated without running them (tests/deploy runs the compose stack for real):
+every server they start must be a real kind whose options validate, so a typo fails here instead of
+on a cluster."""
 from __future__ import annotations
 
 import subprocess
@@ -35,7 +36,7 @@ def _compose(path: Path) -> dict:
 def test_compose_servers_are_real_kinds_with_valid_options(path):
     services = _compose(ROOT / path)["services"]
     checked = 0
-    for name, service in services.items():
+    for service in services.values():
         command = service.get("command")
         if not command or command[0] != "serve":
             continue
@@ -44,17 +45,51 @@ def test_compose_servers_are_real_kinds_with_valid_options(path):
     assert checked >= 1
 
 
+def _running(services: dict) -> dict:
+    """Services `up` starts (not the ones behind a profile, such as the one-shot collect)."""
+    return {name: s for name, s in services.items() if not s.get("profiles")}
+
+
 def test_compose_agents_point_at_servers_of_the_stack():
-    services = _compose(ROOT / "docker-compose.yml")["services"]
-    names = {s["command"][s["command"].index("--name") + 1] for s in services.values()}
+    services = _running(_compose(ROOT / "docker-compose.yml")["services"])
+    serve = {name: s["command"] for name, s in services.items() if s["command"][0] == "serve"}
+    names = {cmd[cmd.index("--name") + 1] for cmd in serve.values()}
     assert {"head", "policy_model"} <= names
-    for service in services.values():
-        for arg in service["command"]:
+    for name, command in serve.items():
+        assert command[command.index("--name") + 1] == name  # instance name == service name (DNS)
+        for arg in command:
             if arg.startswith(("resources_server=", "model_server=")):
                 assert arg.split("=", 1)[1] in names, arg
+    for name, service in services.items():
         env = service.get("environment", {})
-        if service["command"][1] != "head":
+        if name != "head":
             assert env.get("GYMSERVE_HEAD_URL") == "http://head:11000"
+            assert env.get("GYMSERVE_ADVERTISE_HOST") == name
+
+
+def test_compose_runs_the_whole_default_stack_with_health_and_restarts():
+    """Every server of the embedded default stack, plus the head and a reward model, each healthy-checked,
+    restarted on crash, with the cache volume; only the head is published, on 127.0.0.1 by default."""
+    services = _running(_compose(ROOT / "docker-compose.yml")["services"])
+    default = yaml.safe_load((ROOT / "gymserve/stacks/default.yaml").read_text())["servers"]
+    assert set(default) | {"head", "reward_model"} <= set(services), set(default) - set(services)
+    for name, service in services.items():
+        assert service["restart"] == "unless-stopped", name
+        assert "/ready" in " ".join(service["healthcheck"]["test"]), name
+        assert "cache:/cache" in service["volumes"], name
+        assert ("ports" in service) == (name == "head"), name
+    assert services["head"]["ports"] == ["${GYMSERVE_HEAD_BIND:-127.0.0.1}:${GYMSERVE_HEAD_PORT:-11000}:11000"]
+    assert "serve resources/reward_model" in " ".join(services["reward_model"]["command"])
+
+
+def test_env_example_names_every_variable_the_compose_file_reads():
+    import re
+
+    text = (ROOT / "docker-compose.yml").read_text()
+    used = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)", text)) - {"GYMSERVE_IMAGE"}
+    example = {line.split("=", 1)[0] for line in (ROOT / ".env.example").read_text().splitlines()
+               if "=" in line and not line.startswith("#")}
+    assert used <= example, used - example
 
 
 def test_kubernetes_manifest_servers_validate():

@@ -128,6 +128,6 @@ def test_default_and_nemo_patterns_are_linear(text):
     import time
     start = time.perf_counter()
     pick(text)
-    for mode, (patterns, fallback) in GRADING_MODES.items():
+    for patterns, fallback in GRADING_MODES.values():
         extract_letter(text, OPTIONS, compile_patterns(patterns), fallback)
     assert time.perf_counter() - start < 20.0

@@ -106,7 +106,8 @@ def test_rollout_messages_from_a_verify_request():
     request = VerifyRequest.model_validate({
         "responses_create_params": {"instructions": "be nice", "input": [
             {"role": "developer", "content": "dev"},
-            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi "}, {"type": "input_text", "text": "there"}]},
+            {"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "hi "}, {"type": "input_text", "text": "there"}]},
             {"type": "function_call_output", "call_id": "c", "output": "tool"},
         ]},
         "response": response_with_text("hello"),

@@ -66,7 +66,7 @@ class GymserveEnvironmentImpl:
         self.reward_components: list[str] = list(cfg.get("reward_components") or [])
         self.timeout_s = float(cfg.get("timeout_s", 600.0))
         self.pass_threshold = float(cfg.get("pass_threshold", 1.0))
-        self._directory = Directory(self.head_url) if self.head_url else None
+        self._directory = Directory(self.head_url, via_head="auto") if self.head_url else None
 
     async def _url(self) -> str:
         if self.verify_url:
@@ -133,7 +133,8 @@ class GymserveEnvironmentImpl:
             r = torch.as_tensor(rewards, dtype=torch.float32)
             if r.ndim > 1:
                 r = r.sum(dim=-1)
-            valid = torch.tensor([not m for m in masked], dtype=torch.bool) if masked is not None else torch.ones_like(r, dtype=torch.bool)
+            valid = (torch.tensor([not m for m in masked], dtype=torch.bool) if masked is not None
+                     else torch.ones_like(r, dtype=torch.bool))
             scored = r[valid] if valid.numel() == r.numel() else r
             metrics["accuracy"] = float((scored >= self.pass_threshold).float().mean()) if scored.numel() else 0.0
             metrics["mean_reward"] = float(scored.mean()) if scored.numel() else 0.0

@@ -39,7 +39,7 @@ async def _verify_url(data_source: str, extra_info: dict[str, Any]) -> str:
     head = os.environ.get("GYMSERVE_HEAD_URL")
     if not head:
         raise VerifyFailed("set GYMSERVE_VERIFY_URL (or extra_info.verify_url), or GYMSERVE_HEAD_URL")
-    directory = _directories.setdefault(head, Directory(head))
+    directory = _directories.setdefault(head, Directory(head, via_head="auto"))
     return await directory.url(str(extra_info.get("resource_server") or data_source))
 
 

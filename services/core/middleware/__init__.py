@@ -5,6 +5,7 @@ lets streaming replies pass through untouched.
 """
 from __future__ import annotations
 
+from .admission import AdmissionControl, admission_options
 from .auth import AuthMiddleware
 from .body_limit import BodyLimitMiddleware
 from .errors import ErrorReplyMiddleware
@@ -12,11 +13,13 @@ from .metrics import MetricsMiddleware
 from .request_id import REQUEST_ID_HEADER, RequestIdMiddleware, request_id_of
 
 __all__ = [
+    "AdmissionControl",
     "AuthMiddleware",
     "BodyLimitMiddleware",
     "ErrorReplyMiddleware",
     "MetricsMiddleware",
     "REQUEST_ID_HEADER",
     "RequestIdMiddleware",
+    "admission_options",
     "request_id_of",
 ]

@@ -5,6 +5,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..auth import OPEN_PATHS, api_key, authorized
 from ..errors import error_body
+from .paths import route_path
 from .reply import send_json
 from .request_id import request_id_of
 
@@ -17,7 +18,7 @@ class AuthMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         key = api_key() if scope["type"] == "http" else None
-        if key and scope["path"] not in OPEN_PATHS:
+        if key and route_path(scope) not in OPEN_PATHS:
             header = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"), None)
             if not authorized(header, key):
                 await send_json(send, 401, error_body(

@@ -6,6 +6,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..metrics import Metrics
+from .paths import route_path
 
 
 class MetricsMiddleware:
@@ -37,7 +38,7 @@ class MetricsMiddleware:
 
     def _observe(self, scope: Scope, status: int, elapsed: float) -> None:
         route = scope.get("route")
-        path = getattr(route, "path", None) or ("unmatched" if status == 404 else scope["path"][:64])
+        path = getattr(route, "path", None) or ("unmatched" if status == 404 else route_path(scope)[:64])
         if path == "/metrics":
             return
         method = scope["method"]

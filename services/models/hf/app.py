@@ -17,7 +17,7 @@ from pydantic import Field
 
 from services.core.app import create_app, read_json, session_id
 from services.core.config import ServerConfig
-from services.core.errors import BadRequest
+from services.core.errors import BadRequest, Unavailable
 from services.core.openapi import SESSION_HEADER, describe
 from services.core.schemas import ResponseObject
 
@@ -25,6 +25,7 @@ from .. import openai_api as oa
 from ..openai_api import ChatRequest, ResponsesRequest
 from .service import Choice, HFModel, Turn, default_threads
 from .templates import TOOL_CALL_OPEN
+from .weights import WeightsUpdate
 
 
 class Config(ServerConfig):
@@ -35,6 +36,8 @@ class Config(ServerConfig):
     max_batch_size: int = Field(16, ge=1, description="rows decoded together (n counts as n rows)")
     max_batch_tokens: int = Field(32768, ge=1, description="padded prompt tokens per batch (long prompts batch less)")
     batch_wait_ms: float = Field(20.0, ge=0, description="after idle, wait this long for a burst to share a batch")
+    continuous_batching: bool = Field(True, description="rows join and leave the running batch at every decoding "
+                                                        "step (false: each batch runs to its longest row's end)")
     max_model_len: int | None = Field(None, gt=0, description="context limit (default: the model's)")
     default_max_tokens: int = Field(512, gt=0, description="generation length when the request sets none")
     max_n: int = Field(16, ge=1, description="largest n a chat request may ask for")
@@ -43,6 +46,8 @@ class Config(ServerConfig):
                               "or a 400 worded like vLLM's")
     training_mode: bool = Field(True, description="attach token IDs and logprobs to each call's last output item")
     session_cache_size: int = Field(4096, ge=0, description="sessions whose last turn is kept for token continuity")
+    accept_weights: bool = Field(True, description="accept POST /v1/weights from a trainer on this host "
+                                                   "(safetensors file path + version) for on-policy training")
     torch_threads: int = Field(default_factory=default_threads, ge=1,
                                description="torch CPU threads (default: GYMSERVE_TORCH_THREADS, else half the cores)")
 
@@ -51,7 +56,8 @@ def build(config: Config) -> FastAPI:
     model = HFModel(config.model, device=config.device, dtype=config.dtype, max_batch_size=config.max_batch_size,
                     max_batch_tokens=config.max_batch_tokens, batch_wait_s=config.batch_wait_ms / 1000,
                     max_model_len=config.max_model_len, session_cache_size=config.session_cache_size,
-                    served_name=config.served_model_name, threads=config.torch_threads)
+                    served_name=config.served_model_name, threads=config.torch_threads,
+                    continuous=config.continuous_batching)
 
     async def startup() -> None:
         await asyncio.to_thread(model.load)
@@ -66,7 +72,26 @@ def build(config: Config) -> FastAPI:
     @app.get("/v1/models", **describe(reply=oa.ModelList))
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model.served_name, "object": "model", "created": 0,
-                                            "owned_by": "gymserve", "max_model_len": model.max_model_len}]}
+                                            "owned_by": "gymserve", "max_model_len": model.max_model_len,
+                                            "weights_version": model.weights_version}]}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        engine = model.engine
+        counters = {k: getattr(engine, k, 0) for k in ("batches", "rows", "tokens")} if engine else {}
+        return {"model": model.served_name, "weights_version": model.weights_version, **counters}
+
+    @app.post("/v1/weights")
+    async def update_weights(request: Request) -> dict[str, Any]:
+        """A trainer on this host hands over new weights as a safetensors file path (see weights.py)."""
+        if not config.accept_weights:
+            raise BadRequest("this server does not accept weight updates (accept_weights=false)")
+        if not model.ready:
+            raise Unavailable("the model is still loading")
+        update: WeightsUpdate = oa.parse_request(WeightsUpdate, await read_json(request))
+        started = time.perf_counter()
+        version = await model.update_weights(update.path, update.version)
+        return {"weights_version": version, "seconds": round(time.perf_counter() - started, 3)}
 
     @app.post("/v1/chat/completions", **describe(body=oa.ChatRequest, reply=oa.ChatCompletion, stream=True,
                                                  parameters=[SESSION_HEADER], errors=(429, 502, 503, 504)))

@@ -1,22 +1,29 @@
-"""Batched generation engine: one dedicated thread runs every forward pass.
+"""Continuously batched generation engine: one dedicated thread runs every forward pass.
 
-Requests queue up while a batch runs; the thread then takes as many rows as fit
-(`max_batch_size`, `n` counts as n rows), left-pads them, and decodes them together
-with a KV cache. Each row keeps its own sampling settings and its own seeded
-generator, so a seeded request samples the same tokens whatever else is in the batch
-(up to the float noise that left padding adds). torch releases the GIL during the
-forward passes, so the event loop stays responsive.
+The running batch is one left-padded KV cache. At every decoding step the thread admits
+waiting requests (first come, first served, as many rows as fit `max_batch_size`, `n`
+counts as n rows): their prompts are prefilled together and their caches are merged into
+the running one, so new sequences join without waiting for the batch to finish. Rows that
+finish (stop token, stop string, max tokens) leave at once: their cache rows are dropped
+and all-padding columns trimmed, so a short rollout never waits for the longest one.
+Each row keeps its own sampling settings and seeded generator; the logprob of every
+sampled token is read from the same forward pass that sampled it. torch releases the GIL
+during the forward passes, so the event loop stays responsive.
+
+`pause()` stops admitting new sequences, `await drained()` waits for the running batch to
+finish, `resume()` admits again: what a weight swap needs (`async with engine.paused(): ...`).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 import torch
 
@@ -26,6 +33,7 @@ log = logging.getLogger("gymserve.models")
 
 GREEDY_BELOW = 1e-5  # temperatures below this decode greedily
 MAX_TOP_LOGPROBS = 20
+_WAKE = object()  # queued by resume()/stop() to wake an idle thread
 
 
 TokenCallback = Callable[[int, str, bool], None]  # (choice index, text so far, finished)
@@ -40,6 +48,8 @@ class _Job:
     future: asyncio.Future
     on_update: TokenCallback | None = None
     results: list[Generation | None] = field(default_factory=list)
+    left: int = 0  # rows still decoding
+    queued_at: float = 0.0
 
 
 @dataclass
@@ -55,27 +65,108 @@ class _Row:
     finish: str = "length"
 
 
+class _Batch:
+    """The running rows and their shared left-padded KV cache, attention mask and next positions."""
+
+    def __init__(self) -> None:
+        self.rows: list[_Row] = []
+        self.cache: Any = None
+        self.mask: torch.Tensor | None = None  # [rows, columns], 0 on left padding
+        self.positions: torch.Tensor | None = None  # [rows, 1], position of the token fed next
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def merge(self, rows: list[_Row], cache: Any, mask: torch.Tensor, positions: torch.Tensor) -> None:
+        """Append freshly prefilled rows; the shorter side is left-padded to the longer one."""
+        if not self.rows:
+            self.rows, self.cache, self.mask, self.positions = rows, cache, mask, positions
+            return
+        assert self.mask is not None and self.positions is not None
+        old, new = self.mask.shape[1], mask.shape[1]
+        width = max(old, new)
+        for mine, theirs in zip(self.cache.layers, cache.layers):
+            mine.keys = torch.cat([_left_pad(mine.keys, width), _left_pad(theirs.keys, width)], dim=0)
+            mine.values = torch.cat([_left_pad(mine.values, width), _left_pad(theirs.values, width)], dim=0)
+        self.mask = torch.cat([_left_pad(self.mask, width, dim=1), _left_pad(mask, width, dim=1)], dim=0)
+        self.positions = torch.cat([self.positions, positions], dim=0)
+        self.rows = self.rows + rows
+
+    def drop_finished(self) -> list[_Row]:
+        """Remove finished rows from the batch and trim columns that are padding in every row left."""
+        finished = [r for r in self.rows if r.done]
+        if not finished:
+            return []
+        keep = [b for b, r in enumerate(self.rows) if not r.done]
+        self.rows = [self.rows[b] for b in keep]
+        if not keep:
+            self.cache = self.mask = self.positions = None
+            return finished
+        assert self.mask is not None and self.positions is not None
+        index = torch.tensor(keep, device=self.mask.device)
+        mask = self.mask.index_select(0, index)
+        used = mask.any(dim=0).nonzero()
+        skip = int(used[0]) if len(used) else 0
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, skip:]
+            layer.values = layer.values.index_select(0, index)[:, :, skip:]
+        self.mask = mask[:, skip:]
+        self.positions = self.positions.index_select(0, index)
+        return finished
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
+    missing = width - t.shape[dim]
+    if missing <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
+
+
+def _mergeable(cache: Any) -> bool:
+    """Only plain dynamic layers ([batch, heads, seq, dim] keys/values) can be merged and trimmed."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
 class Engine:
     """Owns the model; `await generate(...)` from any coroutine."""
 
     def __init__(self, model: Any, tokenizer: Any, *, device: torch.device, max_batch_size: int = 16,
                  max_batch_tokens: int = 32768, batch_wait_s: float = 0.02,
-                 stop_token_ids: set[int] | None = None, threads: int | None = None) -> None:
+                 stop_token_ids: set[int] | None = None, threads: int | None = None,
+                 continuous: bool = True) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.threads = threads
-        self.max_batch_tokens = max_batch_tokens  # padded prompt tokens per batch: one long prompt is not copied 16x
+        self.continuous = continuous  # False: a batch runs to its end before the next is admitted
+        self.max_batch_tokens = max_batch_tokens  # padded prompt tokens per prefill: one long prompt is not copied 16x
         self.stop_token_ids = set(stop_token_ids or ())
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (next(iter(self.stop_token_ids)) if self.stop_token_ids else 0)
-        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._queue: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
-        self.batches = 0
+        self._admitting = threading.Event()
+        self._admitting.set()
+        self._idle = threading.Event()  # set while nothing is decoding
+        self._idle.set()
+        self.batches = 0  # prefills (groups of rows admitted together)
         self.rows = 0
         self.tokens = 0
+        self.steps = 0  # decoding forward passes
+        self.running = 0  # rows decoding now
+        self.waiting = 0  # rows queued, not yet admitted
+        self.weights_version = 0  # advanced by update_weights; every Generation carries the one it used
+        self._inflight = 0  # generate() calls between the weights gate and their result
+        self._gate: asyncio.Event | None = None  # cleared while weights are being swapped
+        self._drained: asyncio.Event | None = None  # set when no generation is in flight
+        self._update_lock: asyncio.Lock | None = None
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
@@ -89,71 +180,194 @@ class Engine:
             self._thread.join(timeout=30)
             self._thread = None
 
+    def pause(self) -> None:
+        """Admit no new sequences (they queue); running ones go on to their end."""
+        self._admitting.clear()
+
+    def resume(self) -> None:
+        self._admitting.set()
+        self._queue.put(_WAKE)
+
+    @property
+    def admitting(self) -> bool:
+        return self._admitting.is_set()
+
+    async def drained(self, timeout_s: float | None = None) -> None:
+        """Wait until no sequence is decoding (after `pause()`, until the running batch has finished)."""
+        if not await asyncio.to_thread(self._idle.wait, timeout_s):
+            raise TimeoutError(f"the running batch did not finish within {timeout_s}s")
+
+    @contextlib.asynccontextmanager
+    async def paused(self, timeout_s: float | None = None) -> AsyncIterator[None]:
+        """Pause admission, wait for the running batch to drain, run the body, resume (even on error)."""
+        self.pause()
+        try:
+            await self.drained(timeout_s)
+            yield
+        finally:
+            self.resume()
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
                        on_update: TokenCallback | None = None) -> list[Generation]:
-        loop = asyncio.get_running_loop()
-        job = _Job(list(prompt_ids), params, n, loop, loop.create_future(), on_update, [None] * n)
-        self._queue.put(job)
-        return await job.future
+        await self._wait_for_weights()
+        version = self.weights_version
+        self._inflight += 1
+        try:
+            if params.max_new_tokens <= 0:
+                generations = [Generation([], [], [], "", "length") for _ in range(n)]
+            else:
+                loop = asyncio.get_running_loop()
+                job = _Job(list(prompt_ids), params, n, loop, loop.create_future(), on_update, [None] * n, n,
+                           time.monotonic())
+                self._queue.put(job)
+                generations = await job.future
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0 and self._drained is not None:
+                self._drained.set()
+        for generation in generations:
+            generation.policy_version = version
+        return generations
+
+    # ------------------------------------------------------------------ weights
+    async def update_weights(self, apply: Callable[[Any], None], version: int | None = None) -> int:
+        """Swap the model's weights between generations; returns the new `weights_version`.
+
+        Semantics (kept by any batching strategy, since it only gates `generate`):
+        1. new `generate` calls wait at the gate;
+        2. generations already in flight finish on the old weights (their replies carry the old version);
+        3. `apply(model)` runs in a worker thread while nothing is generating (it copies tensors in place);
+        4. `weights_version` becomes `version` (default: +1) and the gate opens.
+        Concurrent updates run one after another. If `apply` raises, the old version stays and the
+        gate reopens (the weights may be partly written: callers validate before applying).
+        Must be awaited on the event loop that calls `generate`.
+        """
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        async with self._update_lock:
+            gate, drained = self._events()
+            gate.clear()
+            try:
+                while self._inflight:
+                    drained.clear()
+                    await drained.wait()
+                await asyncio.to_thread(self._apply_weights, apply)
+                self.weights_version = self.weights_version + 1 if version is None else int(version)
+            finally:
+                gate.set()
+        return self.weights_version
+
+    def _apply_weights(self, apply: Callable[[Any], None]) -> None:
+        with torch.no_grad():
+            apply(self.model)
+
+    def _events(self) -> tuple[asyncio.Event, asyncio.Event]:
+        if self._gate is None or self._drained is None:
+            self._gate, self._drained = asyncio.Event(), asyncio.Event()
+            self._gate.set()
+        return self._gate, self._drained
+
+    async def _wait_for_weights(self) -> None:
+        gate, _ = self._events()
+        while not gate.is_set():
+            await gate.wait()
 
     # ------------------------------------------------------------------ thread
     def _run(self) -> None:
         if self.threads:
             torch.set_num_threads(self.threads)  # OpenMP thread counts are per calling thread: set it here
         pending: list[_Job] = []
+        batch = _Batch()
         while True:
-            if not pending:
-                job = self._queue.get()
-                if job is None:
-                    return
-                pending.append(job)
-                # Coming out of idle: give the rest of a burst a moment to arrive, so it shares this batch
-                # instead of waiting for the whole next one.
+            idle = not batch and (not pending or not self._admitting.is_set())
+            if idle:
+                self._idle.set()
+            try:
+                stopped = self._collect(pending, block=idle)
+            except Exception:  # never let the thread die
+                log.exception("generation queue failed")
+                stopped = False
+            if stopped:
+                self._fail([r.job for r in batch.rows] + pending, RuntimeError("engine stopped"))
+                return
+            self.waiting = sum(j.n for j in pending)
+            if pending and (self.continuous or not batch):
+                # Busy before looking at the admission flag: a pause() that saw the engine idle has cleared
+                # the flag by then, so nothing starts behind the back of a caller that waited for `drained()`.
+                self._idle.clear()
+                group = self._admissible(pending, len(batch)) if self._admitting.is_set() else []
+                if group:
+                    try:
+                        with torch.inference_mode():
+                            self._prefill(group, batch)
+                    except Exception as exc:  # a failed prefill fails its requests, never the thread
+                        log.exception("prefill failed")
+                        self._fail(group, exc)
+            if not batch:
+                continue
+            self._idle.clear()
+            try:
+                with torch.inference_mode():
+                    self._step(batch)
+            except Exception as exc:  # a failed step fails the running requests, never the thread
+                log.exception("decoding step failed")
+                self._fail(list({id(r.job): r.job for r in batch.rows}.values()), exc)
+                batch = _Batch()
+            self.running = len(batch)
+
+    def _collect(self, pending: list[_Job], *, block: bool) -> bool:
+        """Move queued jobs into `pending`; True when stop() was called."""
+        if block:
+            item = self._queue.get()
+            if item is None:
+                return True
+            if item is not _WAKE:
+                pending.append(item)
+                # Coming out of idle: give the rest of a burst a moment to arrive, so it shares this prefill.
                 deadline = time.monotonic() + self.batch_wait_s
                 while sum(j.n for j in pending) < self.max_batch_size:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     try:
-                        job = self._queue.get(timeout=remaining)
+                        item = self._queue.get(timeout=remaining)
                     except queue.Empty:
                         break
-                    if job is None:
-                        self._fail(pending, RuntimeError("engine stopped"))
-                        return
-                    pending.append(job)
-            while True:  # gather everything that is waiting
-                try:
-                    job = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if job is None:
-                    self._fail(pending, RuntimeError("engine stopped"))
-                    return
-                pending.append(job)
-            batch: list[_Job] = []
-            rows = width = 0
-            while pending:
-                job = pending[0]
-                wider = max(width, len(job.prompt_ids))
-                fits = rows + job.n <= self.max_batch_size and (rows + job.n) * wider <= self.max_batch_tokens
-                if batch and not fits:
-                    break
-                batch.append(pending.pop(0))
-                rows, width = rows + job.n, wider
+                    if item is None:
+                        return True
+                    if item is not _WAKE:
+                        pending.append(item)
+        while True:
             try:
-                with torch.inference_mode():
-                    self._run_batch(batch)
-            except Exception as exc:  # a failed batch fails its requests, never the thread
-                log.exception("generation batch failed")
-                self._fail(batch, exc)
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return False
+            if item is None:
+                return True
+            if item is not _WAKE:
+                pending.append(item)
+
+    def _admissible(self, pending: list[_Job], running: int) -> list[_Job]:
+        """The oldest waiting jobs that fit beside the running rows (first come, first served)."""
+        group: list[_Job] = []
+        rows = width = 0
+        while pending:
+            job = pending[0]
+            wider = max(width, len(job.prompt_ids))
+            fits = running + rows + job.n <= self.max_batch_size and (rows + job.n) * wider <= self.max_batch_tokens
+            if not fits and (group or running):
+                break  # the head of the queue waits for room; nobody overtakes it
+            group.append(pending.pop(0))
+            rows, width = rows + job.n, wider
+        return group
 
     @staticmethod
     def _fail(jobs: list[_Job], exc: BaseException) -> None:
         for job in jobs:
             job.loop.call_soon_threadsafe(_set_exception, job.future, exc)
 
-    def _run_batch(self, jobs: list[_Job]) -> None:
+    def _prefill(self, jobs: list[_Job], batch: _Batch) -> None:
+        """Run the prompts of `jobs` together, sample each row's first token, merge them into `batch`."""
         rows: list[_Row] = []
         for job in jobs:
             for i in range(job.n):
@@ -172,35 +386,42 @@ class Engine:
             mask[b, width - len(ids):] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        max_new = max(r.job.params.max_new_tokens for r in rows)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        self._pick(rows, out.logits[:, -1, :])
         cache = out.past_key_values
-        logits = out.logits[:, -1, :]
-        for step in range(max_new):
-            next_ids = self._sample(rows, logits)
-            self.tokens += sum(1 for r in rows if not r.done)
-            for b, row in enumerate(rows):
-                if row.done:
-                    continue
-                self._advance(row, next_ids[b])
-            if all(r.done for r in rows) or step + 1 == max_new:
-                break
-            feed = torch.tensor([r.ids[-1] if not r.done else self.pad_id for r in rows], dtype=torch.long,
-                                device=self.device)[:, None]
-            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=self.device)], dim=1)
-            positions = positions[:, -1:] + 1
-            out = self.model(input_ids=feed, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                             use_cache=True)
-            cache = out.past_key_values
-            logits = out.logits[:, -1, :]
-        for row in rows:
-            if not row.done:
-                row.done = True
-                row.text = self._decode(row.ids)
-                self._notify(row)
-            row.job.results[row.index] = Generation(row.ids, row.logprobs, row.tops, row.text, row.finish)
-        for job in jobs:
-            job.loop.call_soon_threadsafe(_set_result, job.future, job.results)
+        if batch and not _mergeable(cache):
+            raise RuntimeError("this model's KV cache cannot be merged (continuous=False serves it)")
+        batch.merge(rows, cache, mask, positions[:, -1:] + 1)
+        self._finish(batch)
+
+    def _step(self, batch: _Batch) -> None:
+        """One decoding step for every running row: feed its last token, sample the next."""
+        assert batch.mask is not None and batch.positions is not None
+        feed = torch.tensor([r.ids[-1] for r in batch.rows], dtype=torch.long, device=self.device)[:, None]
+        batch.mask = torch.cat([batch.mask, torch.ones((len(batch), 1), dtype=batch.mask.dtype,
+                                                       device=batch.mask.device)], dim=1)
+        out = self.model(input_ids=feed, attention_mask=batch.mask, position_ids=batch.positions,
+                         past_key_values=batch.cache, use_cache=True)
+        batch.cache = out.past_key_values
+        batch.positions = batch.positions + 1
+        self.steps += 1
+        self._pick(batch.rows, out.logits[:, -1, :])
+        self._finish(batch)
+
+    def _pick(self, rows: list[_Row], logits: torch.Tensor) -> None:
+        picks = self._sample(rows, logits)
+        self.tokens += len(rows)
+        for row, pick in zip(rows, picks):
+            self._advance(row, pick)
+
+    def _finish(self, batch: _Batch) -> None:
+        """Hand finished rows back; a job completes when its last row does."""
+        for row in batch.drop_finished():
+            job = row.job
+            job.results[row.index] = Generation(row.ids, row.logprobs, row.tops, row.text, row.finish)
+            job.left -= 1
+            if job.left == 0:
+                job.loop.call_soon_threadsafe(_set_result, job.future, job.results)
 
     def _sample(self, rows: list[_Row], logits: torch.Tensor) -> list[tuple[int, float, list[tuple[int, float]]]]:
         """One token per row; tensor work is done once for the whole batch, Python work only where needed."""

@@ -48,8 +48,9 @@ class Choice:
 
 class HFModel:
     def __init__(self, path: str | None, *, device: str = "auto", dtype: str = "auto", max_batch_size: int = 16,
-                 max_batch_tokens: int = 32768, batch_wait_s: float = 0.02, max_model_len: int | None = None, session_cache_size: int = 4096,
-                 served_name: str | None = None, threads: int | None = None) -> None:
+                 max_batch_tokens: int = 32768, batch_wait_s: float = 0.02, max_model_len: int | None = None,
+                 session_cache_size: int = 4096, served_name: str | None = None, threads: int | None = None,
+                 continuous: bool = True) -> None:
         self.path = path
         self.device_name = device
         self.dtype_name = dtype
@@ -60,6 +61,7 @@ class HFModel:
         self.sessions = SessionTokens(session_cache_size)
         self.served_name = served_name
         self.threads = threads
+        self.continuous = continuous
         self.engine: Any = None  # engine.Engine once loaded
         self.tokenizer: Any = None
         self.format: ChatFormat | None = None
@@ -93,7 +95,7 @@ class HFModel:
         self.format = ChatFormat(self.tokenizer)
         self.engine = Engine(model, self.tokenizer, device=device, max_batch_size=self.max_batch_size,
                              max_batch_tokens=self.max_batch_tokens, batch_wait_s=self.batch_wait_s,
-                             stop_token_ids=stop_ids, threads=self.threads)
+                             stop_token_ids=stop_ids, threads=self.threads, continuous=self.continuous)
         self.engine.start()
         log.warning("models/hf: %s loaded from %s on %s (%s)", self.served_name, folder, device, dtype)
 
@@ -135,6 +137,21 @@ class HFModel:
     def ready(self) -> bool:
         return self.engine is not None
 
+    @property
+    def weights_version(self) -> int:
+        return self.engine.weights_version if self.engine is not None else 0
+
+    async def update_weights(self, path: str, version: int) -> int:
+        """Load a trainer's safetensors file and swap it in between generations (see weights.py)."""
+        import asyncio
+
+        from .weights import check_tensors, copy_into, read_tensors
+
+        assert self.engine is not None
+        tensors = await asyncio.to_thread(read_tensors, path)
+        check_tensors(self.engine.model, tensors)
+        return await self.engine.update_weights(lambda model: copy_into(model, tensors), version)
+
     # ------------------------------------------------------------------ turns
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
@@ -157,7 +174,7 @@ class HFModel:
                        seed: int | None, n: int, top_logprobs: int = 0, on_update: Any = None) -> list[Generation]:
         assert self.engine is not None
         if turn.overflow:
-            return [Generation([], [], [], "", "length") for _ in range(n)]
+            return [Generation([], [], [], "", "length", self.weights_version) for _ in range(n)]
         params = SamplingParams(temperature=1.0 if temperature is None else temperature,
                                 top_p=1.0 if top_p is None else top_p, max_new_tokens=turn.max_new_tokens,
                                 stop=stop, seed=seed, top_logprobs=top_logprobs)
@@ -174,7 +191,7 @@ class HFModel:
             extra: dict[str, Any] = {}
             if training:
                 extra = {"prompt_token_ids": list(turn.prompt_ids), "generation_token_ids": list(gen.token_ids),
-                         "generation_log_probs": list(gen.logprobs)}
+                         "generation_log_probs": list(gen.logprobs), "policy_version": gen.policy_version}
                 if turn.continuity_broken:
                     extra["token_continuity_broken"] = True
                 if session and not turn.overflow:

@@ -67,7 +67,7 @@ def _overfit(model, tokenizer, pairs: list[tuple[str, str]], steps: int) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # far faster than 2 contending threads on a busy small machine
     model.train()
-    for step in range(steps):
+    for step in range(steps):  # noqa: B007 (the count is returned)
         hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1][keep]
         logits = model.lm_head(hidden)
         loss = torch.nn.functional.cross_entropy(logits, targets[keep])

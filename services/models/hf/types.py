@@ -23,3 +23,4 @@ class Generation:
     top_logprobs: list[list[tuple[int, float]]]
     text: str
     finish_reason: str  # "stop" | "length"
+    policy_version: int = 0  # the engine's weights_version that sampled every token

@@ -141,6 +141,19 @@ def _interpreter_for_others(exe: str, binds: list[str]) -> tuple[str, list[str]]
     return None
 
 
+_DROP_PRIVILEGES = ("import os, sys; uid = int(sys.argv[1]); os.setgroups([]); os.setgid(uid); os.setuid(uid); "
+                    "os.execv(sys.argv[2], sys.argv[2:])")
+
+
+def _as_uid(uid: int, argv: list[str]) -> list[str]:
+    """`argv` run as `uid` (groups cleared), through a tiny launcher that drops root's privileges and execs.
+
+    Not `create_subprocess_exec(user=..., group=..., extra_groups=...)`: uvloop's event loop (what
+    uvicorn uses when installed) rejects those arguments, and a `preexec_fn` is unsafe with threads.
+    """
+    return [os.path.realpath(sys.executable), "-I", "-S", "-c", _DROP_PRIVILEGES, str(uid), *argv]
+
+
 class Sandbox:
     """Builds and runs sandboxed commands; `start()` resolves paths and probes that it really works."""
 
@@ -158,6 +171,7 @@ class Sandbox:
         self.notes: list[str] = []
         self._removals: set[asyncio.Task[None]] = set()
         self.spawn_uid: int | None = None
+        self.proc_mount = True
         self.warm: WarmPool | None = None
 
     # ---- start-up ---------------------------------------------------------- #
@@ -186,7 +200,16 @@ class Sandbox:
                 self.python, self.python_binds = found
                 self.spawn_uid = SANDBOX_UID
                 self.process_limit = "rlimit (bwrap started as uid 65534)"
-        await self.probe()
+        try:
+            await self.probe()
+        except SandboxError as exc:
+            if "mount proc" not in str(exc):
+                raise
+            # A container runtime that masks /proc paths (Docker's default) forbids a fresh procfs in
+            # an unprivileged user namespace: run without any /proc inside (it shows nothing then).
+            self.proc_mount = False
+            self.notes.append("no /proc inside the sandbox: the container masks /proc paths")
+            await self.probe()
 
     async def probe(self) -> None:
         """Run tiny programs that must show: it runs, the env is clean, no network, the fork limit holds."""
@@ -256,7 +279,7 @@ class Sandbox:
             args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
         for path in self.python_binds:
             args += ["--ro-bind", path, path]
-        args += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp",
+        args += ["--proc" if self.proc_mount else "--dir", "/proc", "--dev", "/dev", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp",
                  "--chdir", "/tmp", "--json-status-fd", str(status_fd)]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
@@ -297,12 +320,11 @@ class Sandbox:
                 # the launcher joins the cgroups before exec'ing bwrap, so every descendant is counted
                 argv = ["/bin/sh", "-c", 'IFS=:; for p in $0; do echo $$ > "$p/cgroup.procs" || exit 125; done; '
                         'exec "$@"', ":".join(map(str, cgroup)), *argv]
-            as_user: dict[str, Any] = {}
             if self.spawn_uid is not None:
-                as_user = {"user": self.spawn_uid, "group": self.spawn_uid, "extra_groups": []}
+                argv = _as_uid(self.spawn_uid, argv)
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=env, pass_fds=fds, start_new_session=True, cwd="/", **as_user)
+                stderr=asyncio.subprocess.PIPE, env=env, pass_fds=fds, start_new_session=True, cwd="/")
             return Spawned(proc, status_r, cgroup, None)
         except BaseException:
             if status_r is not None:

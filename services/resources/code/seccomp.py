@@ -121,7 +121,7 @@ def build_filter(machine: str | None = None) -> bytes | None:
             code.append((op, k, jt, jf))
     out = bytearray()
     for index, (op, k, jt, jf) in enumerate(code):
-        def rel(label: str | None) -> int:
+        def rel(label: str | None, index: int = index) -> int:
             if label is None:
                 return 0
             offset = labels[label] - index - 1

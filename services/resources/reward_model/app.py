@@ -40,7 +40,8 @@ INLINE_TOKENIZE_MAX = 4  # requests with more conversations are tokenized on the
 
 
 class Config(ResourceConfig):
-    model_name: str = Field(..., description="reward model: local path or hub id (AutoModelForSequenceClassification, num_labels=1)")
+    model_name: str = Field(..., description="reward model: local path or hub id "
+                                             "(AutoModelForSequenceClassification, num_labels=1)")
     tokenizer: str | None = Field(None, description="tokenizer path/id; default: the model's")
     chat_template: str | None = Field(None, description="override the tokenizer's chat template (jinja)")
     precision: Literal["auto", "bfloat16", "float16", "float32"] = Field(

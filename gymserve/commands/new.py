@@ -1,0 +1,28 @@
+"""`gymserve new env NAME [--stack FILE] [--root DIR]`: scaffold an environment that passes `gymserve check`."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("what", choices=["env"], help="what to create (an environment)")
+    parser.add_argument("name", help="environment name: lower-case letters, digits and _")
+    parser.add_argument("--stack", type=Path, default=None,
+                        help="stack file to register it in (default deploy/stacks/NAME.yaml; added to when it exists)")
+    parser.add_argument("--root", type=Path, default=Path("."), help="gymserve checkout to write into (default .)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gymserve.scaffold import new_env
+
+    root = args.root.resolve()
+    stack = None if args.stack is None else (args.stack if args.stack.is_absolute() else root / args.stack)
+    done = new_env(args.name, root, stack=stack)
+    for path in done.created:
+        print(f"created {path.relative_to(root)}")
+    if done.stack:
+        shown = done.stack.relative_to(root) if done.stack.is_relative_to(root) else done.stack
+        print(f"registered {args.name} and {args.name}_simple_agent in {shown}")
+    print(f"next: gymserve check resources/{args.name}")
+    return 0

@@ -1,0 +1,95 @@
+"""`gymserve new env NAME`: a new environment folder that passes `gymserve check` as generated."""
+from __future__ import annotations
+
+import json
+import keyword
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from services.core.config import ConfigError
+
+from . import templates
+
+NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+
+
+@dataclass
+class Scaffolded:
+    root: Path
+    created: list[Path] = field(default_factory=list)
+    stack: Path | None = None
+
+
+POLICY = "policy_model"
+
+
+def env_entries(name: str) -> dict[str, dict[str, str]]:
+    """The stack entries of a new environment: the server and a simple agent for it."""
+    return {name: {"kind": f"resources/{name}"},
+            f"{name}_simple_agent": {"kind": "agents/simple_agent", "resources_server": name,
+                                     "model_server": POLICY}}
+
+
+def new_env(name: str, root: Path, *, stack: Path | None = None) -> Scaffolded:
+    """Write `services/resources/NAME/` (app, rows, README), its test, and register it in `stack`."""
+    if not NAME.match(name) or keyword.iskeyword(name):
+        raise ConfigError(f"environment name {name!r}: use lower-case letters, digits and _, starting with a letter")
+    resources = root / "services" / "resources"
+    if not resources.is_dir():
+        raise ConfigError(f"{root} has no services/resources folder: run this at the root of a gymserve checkout "
+                          "(or pass --root)")
+    folder = resources / name
+    if folder.exists():
+        raise ConfigError(f"services/resources/{name} exists already")
+    test = root / "tests" / "integration" / f"test_env_{name}.py"
+    if test.exists():
+        raise ConfigError(f"{test.relative_to(root)} exists already")
+    stack = stack or root / "deploy" / "stacks" / f"{name}.yaml"
+    stack_name = stack.relative_to(root) if stack.is_absolute() and stack.is_relative_to(root) else stack
+    cls = "".join(part.capitalize() for part in name.split("_")) or "Env"
+    rows = [{"responses_create_params": {"input": [{"role": "user", "content": q}]},
+             "agent_ref": {"type": "responses_api_agents", "name": f"{name}_simple_agent"},
+             "expected_answer": a} for q, a in templates.EXAMPLE_ROWS]
+    files = {
+        folder / "__init__.py": "",
+        folder / "app.py": templates.APP.format(name=name, cls=cls),
+        folder / "example.jsonl": "".join(json.dumps(r) + "\n" for r in rows),
+        folder / "README.md": templates.README.format(name=name, stack=stack_name),
+        test: templates.TEST.format(name=name),
+    }
+    out = Scaffolded(root)
+    out.stack = register(stack, name, stack_name)  # first: a clash there leaves nothing half-written
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        out.created.append(path)
+    return out
+
+
+def register(stack: Path, name: str, shown: str | Path = "") -> Path:
+    """Add the environment and its agent (and a policy model when the stack has none) to a stack file,
+    created with a head when missing."""
+    entries = env_entries(name)
+    if not stack.exists():
+        stack.parent.mkdir(parents=True, exist_ok=True)
+        entries = {POLICY: {"kind": "models/hf"}, **entries}
+        text = templates.STACK.format(name=name, stack=shown)
+        text += "".join(f"  {key}: {json.dumps(value)}\n" for key, value in entries.items())
+        stack.write_text(text, encoding="utf-8")
+        return stack
+    data = yaml.safe_load(stack.read_text(encoding="utf-8")) or {}
+    servers = data.get("servers") or {}
+    if POLICY not in servers:
+        entries = {POLICY: {"kind": "models/hf"}, **entries}
+    clash = [key for key in entries if key in servers]
+    if clash:
+        raise ConfigError(f"{stack}: servers {', '.join(clash)} exist already")
+    with stack.open("a", encoding="utf-8") as fh:  # appended, so the file's comments stay
+        if "servers" not in data:
+            fh.write("servers:\n")
+        fh.write(f"  # added by gymserve new env {name}\n")
+        fh.write("".join(f"  {key}: {json.dumps(value)}\n" for key, value in entries.items()))
+    return stack

@@ -1,0 +1,60 @@
+"""`trainer.report.write_report`: a self-contained HTML report of a run (no script, no fetches)."""
+from __future__ import annotations
+
+import json
+import re
+
+from tests.integration.browser import DomIndex
+from trainer.report import summarize, write_report, write_training_report
+
+
+def _rollout(agent: str, reward: float | None, kind: str | None = None) -> dict:
+    record = {"agent_ref": {"type": "responses_api_agents", "name": agent}, "reward": reward}
+    if kind:
+        record.update(mask_sample=True, failure_kind=kind, failure_reason="x")
+    return record
+
+
+RECORDS = ([_rollout("math", 1.0)] * 6 + [_rollout("math", 0.0)] * 2 + [_rollout("math", None, "timeout")] * 3
+           + [_rollout("code", 0.25), _rollout("code", 0.75), _rollout("code", None, "sandbox"),
+              _rollout("code", None, "crash"), {"reward": 1.0}])
+
+
+def test_summary_per_environment():
+    s = summarize(RECORDS)
+    assert set(s) == {"math", "code", "<no agent_ref>"}
+    assert (s["math"]["judged"], s["math"]["masked"], s["math"]["reward_mean"]) == (8, 3, 0.75)
+    assert s["math"]["failures"] == {"timeout": 3}
+    assert s["code"]["failures"] == {"crash": 1, "sandbox": 1} and s["code"]["reward_mean"] == 0.5
+    assert {(b["lo"], b["hi"]): b["count"] for b in s["math"]["bins"] if b["count"]} == \
+        {(-0.25, 0.0): 2, (0.9, 1.0): 6}
+
+
+def test_report_is_self_contained_html(tmp_path):
+    training = [{"step": i, "reward": 0.1 * i, "kl": 0.01 * i, "loss": 1.0} for i in range(1, 6)] + [{"loss": 2}]
+    path = write_report(RECORDS, tmp_path / "run_report.html", title="my run <1>", training=training)
+    text = path.read_text()
+    assert "<script" not in text and not re.search(r'(src|href)="', text)  # nothing to load
+    assert "my run &lt;1&gt;" in text
+    dom = DomIndex(text)
+    math_card = dom.find("div", data_env="math")[0]
+    assert [el.text for el in dom.within(math_card, data_field="*")] == ["8", "0.75", "3"]
+    assert "timeout" in math_card.text and len(dom.within(math_card, "svg")) == 1
+    bars = dom.within(math_card, "rect")
+    assert sorted(b.text for b in bars if not b.text.endswith(": 0")) == ["-0.25–0: 2", "0.9–1: 6"]
+    assert len(dom.within(dom.by_id("training"), "polyline")) == 2  # reward and KL curves
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_report_without_judged_rollouts(tmp_path):
+    text = write_report([_rollout("x", None, "upstream")], tmp_path / "r.html").read_text()
+    assert "no judged rollouts" in text and "upstream" in text and 'id="training"' not in text
+
+
+def test_training_report_reads_metrics_jsonl(tmp_path):
+    lines = [json.dumps({"step": i, "reward": 0.2 * i, "kl": 0.01 * i}) for i in range(1, 4)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines + ["{torn"]) + "\n")
+    path = write_training_report(tmp_path, [_rollout("math", 1.0)])
+    dom = DomIndex(path.read_text())
+    assert path == tmp_path / "report.html"
+    assert len(dom.within(dom.by_id("training"), "polyline")) == 2 and dom.find("div", data_env="math")

@@ -142,15 +142,12 @@ class Environment:
             return exception_reply(request, exc)
 
     async def checked_verify(self, request: VerifyRequest, session: Session | None) -> VerifyReply:
-        """`verify` for one `/verify` call: a GymError keeps its HTTP status (bad input is a 4xx the
-        caller can fix, overload a 503 it can retry); any other failure is a masked reply."""
+        """`verify` for one `/verify` call: a worker that timed out or crashed is a masked reply; a
+        GymError keeps its HTTP status (bad input is a 4xx the caller can fix, overload a 503 it can
+        retry), and a bug in the environment is a 500 that `gymserve check` and the fuzz tests catch."""
         try:
             return await self.verify(request, session)
-        except GymError:
-            raise
-        except Exception as exc:
-            if not isinstance(exc, (WorkerFailure, TaskError)):
-                log.exception("verify raised")
+        except (WorkerFailure, TaskError) as exc:
             return exception_reply(request, exc)
 
     def session(self, sid: str | None, *, required: bool) -> Session | None:

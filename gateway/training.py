@@ -88,7 +88,8 @@ class TrainingLog:
 
     def records(self, run: str | None = None) -> list[dict[str, Any]]:
         """Step records by step (every run's, runs in update order, when `run` is None)."""
-        runs = self._runs.values() if run is None else [self._runs.get(run, {})]
+        runs: list[dict[int, dict[str, Any]]] = \
+            list(self._runs.values()) if run is None else [self._runs.get(run, {})]
         return [r for steps in runs for r in sorted(steps.values(), key=lambda r: r["step"])]
 
     def latest_run(self) -> str | None:

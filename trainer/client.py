@@ -43,6 +43,7 @@ def failure_record(row: dict[str, Any], kind: str, reason: str) -> dict[str, Any
     """The row with the failure marked: masked, no reward (a missing reward is not a 0)."""
     record = dict(row)
     record.update(reward=None, mask_sample=True, failure_kind=kind, failure_reason=reason[:2000])
+    record.setdefault("policy_version", None)
     return record
 
 

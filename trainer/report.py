@@ -93,9 +93,9 @@ def line_chart(xs: Sequence[float], series: dict[str, tuple[Sequence[float | Non
 
     parts = [f'<svg class="chart" viewBox="0 0 {_W} {_H}" width="{_W}" height="{_H}" role="img" '
              f'aria-label="{_esc(title)}">']
-    for y in (y0, (y0 + y1) / 2, y1):
-        parts.append(f'<line x1="{_PAD_L}" x2="{_W - _PAD_R}" y1="{py(y):.1f}" y2="{py(y):.1f}" class="grid"/>'
-                     f'<text x="{_PAD_L - 6}" y="{py(y) + 4:.1f}" class="tick" text-anchor="end">{y:.3g}</text>')
+    for tick in (y0, (y0 + y1) / 2, y1):
+        parts.append(f'<line x1="{_PAD_L}" x2="{_W - _PAD_R}" y1="{py(tick):.1f}" y2="{py(tick):.1f}" class="grid"/>'
+                     f'<text x="{_PAD_L - 6}" y="{py(tick) + 4:.1f}" class="tick" text-anchor="end">{tick:.3g}</text>')
     for x in sorted({x0, x1}):
         parts.append(f'<text x="{px(x):.1f}" y="{_H - _PAD_B + 14}" class="tick" text-anchor="middle">{x:g}</text>')
     parts.append(f'<text x="{_PAD_L + plot_w / 2:.1f}" y="{_H - 4}" class="tick" text-anchor="middle">step</text>')
@@ -151,9 +151,11 @@ def _training_section(training: list[dict[str, Any]]) -> str:
             out.append(float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None)
         return out
 
-    charts = [f'<div class="card"><h3>reward by step</h3>{line_chart(xs, {"reward": (column("reward"), _BLUE)}, title="reward by step")}</div>']
+    reward_chart = line_chart(xs, {"reward": (column("reward"), _BLUE)}, title="reward by step")
+    charts = [f'<div class="card"><h3>reward by step</h3>{reward_chart}</div>']
     if any(v is not None for v in column("kl")):
-        charts.append(f'<div class="card"><h3>KL by step</h3>{line_chart(xs, {"kl": (column("kl"), _PINK)}, title="KL by step")}</div>')
+        kl_chart = line_chart(xs, {"kl": (column("kl"), _PINK)}, title="KL by step")
+        charts.append(f'<div class="card"><h3>KL by step</h3>{kl_chart}</div>')
     return f'<h2>Training</h2><div class="grid" id="training">{"".join(charts)}</div>'
 
 

@@ -1,8 +1,8 @@
 """Per-step training records: one function, `StepLog.record`, sees every record.
 
-It appends the record to `metrics.jsonl` and advances the progress bar (live reward,
-|Δlogp|, policy lag). Anything else that wants each step (a dashboard, a tracker) is one
-call added in `record`. `plot` turns the file into `reward.png` at the end of a run.
+It appends the record to `metrics.jsonl`, posts it to the head's dashboard (non-blocking,
+see training_feed.py) and advances the progress bar (live reward, |Δlogp|, policy lag).
+Anything else that wants each step (a tracker) is one call added in `record`. `plot` turns the file into `reward.png` at the end of a run.
 """
 from __future__ import annotations
 
@@ -31,8 +31,11 @@ def json_value(value: Any) -> Any:
 class StepLog:
     """Writes `metrics.jsonl` in `output_dir` and shows a rich progress bar of `total` steps."""
 
-    def __init__(self, output_dir: str | Path, total: int | None = None, *, progress: bool = True) -> None:
+    def __init__(self, output_dir: str | Path, total: int | None = None, *, progress: bool = True,
+                 head_url: str | None = None, run: str | None = None) -> None:
         self.path = Path(output_dir) / "metrics.jsonl"
+        self.head_url = head_url  # the dashboard's training charts (None: metrics.jsonl only)
+        self.run = run or Path(output_dir).name
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("")
         self.total = total
@@ -59,6 +62,10 @@ class StepLog:
         record = {"step": step, **{k: json_value(v) for k, v in logs.items()}}
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
+        if self.head_url:
+            from .training_feed import report_step
+
+            report_step(record, head_url=self.head_url, run=self.run)
         if self._progress is not None and self._task is not None and REWARD in record:
             self._progress.update(self._task, completed=step, description=describe(record))
         return record

@@ -244,7 +244,7 @@ def build_trainer(config: TrainConfig):
     rollout_func = make_rollout_func(head_url, tokenizer, rows=train_rows + eval_rows, before_batch=hooks.before_batch,
                                      after_batch=hooks.after_batch, **rollout)
     step_log = StepLog(config.output_dir, total=args.max_steps if args.max_steps > 0 else None,
-                       progress=config.progress)
+                       progress=config.progress, head_url=head_url)
     trainer = trainer_class()(model=model, reward_funcs=_reward_funcs(config, args), args=args,
                               train_dataset=to_trl_dataset(train_rows),
                               eval_dataset=to_trl_dataset(eval_rows) if eval_rows else None,

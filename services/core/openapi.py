@@ -187,9 +187,10 @@ class Readiness(BaseModel):
     kind: str
 
 
-HEALTH_DOC = {"responses": {200: {"description": "Alive", "content": {"application/json": {"schema": ref(Health)}}}},
-              "summary": "Liveness"}
-READY_DOC = {"responses": {
+HEALTH_DOC: dict[str, Any] = {
+    "responses": {200: {"description": "Alive", "content": {"application/json": {"schema": ref(Health)}}}},
+    "summary": "Liveness"}
+READY_DOC: dict[str, Any] = {"responses": {
     200: {"description": "Ready", "content": {"application/json": {"schema": ref(Readiness)}}},
     503: {"description": "Still starting", "content": {"application/json": {"schema": ref(Readiness)}}}},
     "summary": "Readiness"}

@@ -8,7 +8,7 @@ verdict is added, so they can neither collide with it nor leak a stale `mask_sam
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, TypeVar
+from typing import Any, Mapping, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -61,7 +61,7 @@ def scored_reply(request: VerifyRequest, reward: float | None = None, *,
     echoed = _echo(request)
     if isinstance(request, BaseModel):
         # the request was validated already: no second validation pass on the hot path
-        return model.model_construct(**{**echoed, **fields, **verdict})
+        return cast(R, model.model_construct(**{**echoed, **fields, **verdict}))
     return _validated(model, {**echoed, **fields, **verdict})
 
 
@@ -73,7 +73,7 @@ def failed_reply(request: VerifyRequest | Mapping[str, Any], kind: FailureKind |
                "failure_reason": reason[:MAX_REASON_CHARS]}
     echoed = _echo(request)
     if isinstance(request, BaseModel):
-        return model.model_construct(**{**echoed, **fields, **verdict})
+        return cast(R, model.model_construct(**{**echoed, **fields, **verdict}))
     return _validated(model, {**echoed, **fields, **verdict})
 
 

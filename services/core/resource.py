@@ -181,7 +181,7 @@ class Environment:
     def tool_parameters(self, name: str, fn: ToolFn) -> dict[str, Any]:
         """JSON schema of a tool's arguments (the request body of `POST /name`): from its signature
         by default; an environment with richer specs overrides this."""
-        props = {p.name: {} for p in list(inspect.signature(fn).parameters.values())[1:]
+        props: dict[str, dict[str, Any]] = {p.name: {} for p in list(inspect.signature(fn).parameters.values())[1:]
                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         return {"type": "object", "properties": props, "additionalProperties": False}
 

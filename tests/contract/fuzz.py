@@ -50,7 +50,9 @@ def fuzz(url: str, *, max_examples: int = 15, headers: dict[str, str] | None = N
             except Unsatisfiable:
                 if mode is GenerationMode.POSITIVE:
                     failures.append(f"{operation.method.upper()} {operation.path}: no valid request can be generated")
-            except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - report every operation's failure
+            except BaseException as exc:  # noqa: BLE001 - report every operation's failure (groups too)
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
                 failures.append(f"{operation.method.upper()} {operation.path} ({mode.value}): {exc}"[:3000])
     assert operations, f"no operations in {url}/openapi.json"
     return failures

@@ -95,8 +95,11 @@ def test_environment_readme_documents_every_option(env: str) -> None:
 @pytest.mark.parametrize("env", ENVS)
 def test_environment_page_includes_the_readme(env: str) -> None:
     page = ROOT / "docs" / "environments" / f"{env}.md"
-    assert page.read_text().strip() == f'--8<-- "services/resources/{env}/README.md"'
-    assert f"environments/{env}.md" in (ROOT / "mkdocs.yml").read_text()
+    include = f'--8<-- "services/resources/{env}/README.md"'
+    assert page.is_file() and page.read_text().strip() == include, \
+        f"create {page.relative_to(ROOT)} holding the one line {include} (the site includes the README)"
+    assert f"environments/{env}.md" in (ROOT / "mkdocs.yml").read_text(), \
+        f"list environments/{env}.md under Environments in mkdocs.yml's nav"
 
 
 def test_api_reference_renders_every_server_kind() -> None:

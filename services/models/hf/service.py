@@ -191,7 +191,9 @@ class HFModel:
             extra: dict[str, Any] = {}
             if training:
                 extra = {"prompt_token_ids": list(turn.prompt_ids), "generation_token_ids": list(gen.token_ids),
-                         "generation_log_probs": list(gen.logprobs), "policy_version": gen.policy_version}
+                         "generation_log_probs": list(gen.logprobs)}
+                if gen.policy_version is not None:
+                    extra["policy_version"] = gen.policy_version
                 if turn.continuity_broken:
                     extra["token_continuity_broken"] = True
                 if session and not turn.overflow:

@@ -23,4 +23,5 @@ class Generation:
     top_logprobs: list[list[tuple[int, float]]]
     text: str
     finish_reason: str  # "stop" | "length"
-    policy_version: int = 0  # the engine's weights_version that sampled every token
+    policy_version: int | None = None  # the engine's weights_version that sampled every token (None: unknown,
+    #                                    e.g. an upstream behind the proxy)

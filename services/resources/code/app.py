@@ -3,7 +3,7 @@
 `/verify` runs the response's last ```python block against the row's `tests`
 ([{input, output}] on stdin/stdout) or `test_code` (asserts, optional `entry_point`);
 `POST /execute_python {"code"}` is a per-session persistent interpreter. Sandbox and
-limits: see sandbox.py and the README section "Code execution environment".
+limits: see sandbox.py and this folder's README.md (section "Sandbox").
 
 Why no core WorkerPool here: every execution already is its own killable process with a
 hard wall clock, driven by asyncio subprocess pipes; a pool worker would only be a

@@ -279,8 +279,8 @@ class Sandbox:
             args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
         for path in self.python_binds:
             args += ["--ro-bind", path, path]
-        args += ["--proc" if self.proc_mount else "--dir", "/proc", "--dev", "/dev", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp",
-                 "--chdir", "/tmp", "--json-status-fd", str(status_fd)]
+        args += ["--proc" if self.proc_mount else "--dir", "/proc", "--dev", "/dev",
+                 "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp", "--json-status-fd", str(status_fd)]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
         args += ["--remount-ro", "/"]

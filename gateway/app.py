@@ -184,7 +184,10 @@ def build(config: Config) -> FastAPI:
         return Response((dashboard.STATIC_DIR / name).read_bytes(), media_type=media_type,
                         headers={"Cache-Control": STATIC_CACHE})
 
-    @app.post("/training/metrics")
+    @app.post("/training/metrics", **describe(
+        body={"anyOf": [{"type": "object"}, {"type": "array", "items": {"type": "object"}}],
+              "description": "one trainer step record {step, reward, kl, ...} or a list of them"},
+        reply={"type": "object"}))
     async def post_training_metrics(request: Request) -> dict[str, Any]:
         """One trainer step record (or a list of them) for the dashboard's training charts."""
         body = await read_json(request)

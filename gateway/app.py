@@ -184,7 +184,10 @@ def build(config: Config) -> FastAPI:
         return Response((dashboard.STATIC_DIR / name).read_bytes(), media_type=media_type,
                         headers={"Cache-Control": STATIC_CACHE})
 
-    @app.post("/training/metrics")
+    @app.post("/training/metrics", **describe(
+        body={"anyOf": [{"type": "object"}, {"type": "array", "items": {"type": "object"}}],
+              "description": "one trainer step record {step, reward, kl, ...} or a list of them"},
+        reply={"type": "object"}, errors=(422,)))
     async def post_training_metrics(request: Request) -> dict[str, Any]:
         """One trainer step record (or a list of them) for the dashboard's training charts."""
         body = await read_json(request)
@@ -205,7 +208,7 @@ def build(config: Config) -> FastAPI:
             training.add(step)
         return {"status": "recorded", "records": len(steps), "runs": training.runs()}
 
-    @app.get("/training/metrics")
+    @app.get("/training/metrics", **describe(reply={"type": "object"}, errors=(404, 422)))
     async def get_training_metrics(run: str | None = None) -> dict[str, Any]:
         if run is not None and run not in training.runs():
             raise NotFound(f"no training run named {run!r} (runs: {', '.join(training.runs()) or 'none'})")

@@ -12,7 +12,7 @@ from services.core.errors import BadRequest, UpstreamError
 from services.core.metrics_agg import aggregate_metrics
 from services.core.openapi import SESSION_HEADER, describe
 from services.core.schemas import AggregateRequest, DatasetRow, ResponseObject, RolloutReply
-from services.models.openai_api import ResponsesRequest
+from services.models.openai_api import ResponsesRequest, parse_request
 
 from .loop import Agent, parse_row
 
@@ -43,6 +43,7 @@ def create_agent_app(agent: Agent, *, description: str = "") -> FastAPI:
         body = await read_json(request)
         if not isinstance(body, dict):
             raise BadRequest("body: expected a JSON object (Responses API create parameters)")
+        parse_request(ResponsesRequest, body)  # a 400 naming the field here, not the model server's reply
         sid = session_id(request)
         if body.get("stream"):
             return await _stream(agent, body, sid)

@@ -99,7 +99,9 @@ def describe(*, body: type[BaseModel] | dict[str, Any] | None = None, reply: typ
     if reply_examples:
         ok["content"][reply_media]["examples"] = {name: {"value": value} for name, value in reply_examples.items()}
     if stream:
-        ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+        ok["content"]["text/event-stream"] = {"schema": {
+            "type": "object", "description": "one server-sent event: `event` names it, `data` is its JSON",
+            "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}}
     responses: dict[int | str, dict[str, Any]] = {200: ok}
     if passes_4xx:
         responses["4XX"] = {"description": "The upstream's own 4xx, passed on",

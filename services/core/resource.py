@@ -26,7 +26,7 @@ from .metrics_agg import aggregate_metrics
 from .openapi import SESSION_HEADER, describe, list_of
 from .pool import TaskError, WorkerFailure, WorkerPool
 from .replies import exception_reply, failed_reply
-from .schemas import (AggregateRequest, CloseSessionReply, CloseSessionRequest, DatasetRow, SeedSessionReply,
+from .schemas import (AggregateRequest, CloseSessionReply, CloseSessionRequest, SeedSessionReply,
                       VerifyReply, VerifyRequest, example_verify_body)
 
 ToolFn = Callable[..., Awaitable[Any]]
@@ -142,15 +142,12 @@ class Environment:
             return exception_reply(request, exc)
 
     async def checked_verify(self, request: VerifyRequest, session: Session | None) -> VerifyReply:
-        """`verify` for one `/verify` call: a GymError keeps its HTTP status (bad input is a 4xx the
-        caller can fix, overload a 503 it can retry); any other failure is a masked reply."""
+        """`verify` for one `/verify` call: a worker that timed out or crashed is a masked reply; a
+        GymError keeps its HTTP status (bad input is a 4xx the caller can fix, overload a 503 it can
+        retry), and a bug in the environment is a 500 that `gymserve check` and the fuzz tests catch."""
         try:
             return await self.verify(request, session)
-        except GymError:
-            raise
-        except Exception as exc:
-            if not isinstance(exc, (WorkerFailure, TaskError)):
-                log.exception("verify raised")
+        except (WorkerFailure, TaskError) as exc:
             return exception_reply(request, exc)
 
     def session(self, sid: str | None, *, required: bool) -> Session | None:
@@ -223,7 +220,8 @@ def create_resource_app(env: Environment) -> FastAPI:
     verify_example = {"example": example_verify_body(env.example_row, env.example_answer)} if env.example_row else None
 
     @app.post("/seed_session", **describe(
-        body=DatasetRow, body_required=False, reply=SeedSessionReply, errors=(409, 503),
+        body={"type": "object", "description": "the dataset row; its task fields seed the session"},
+        body_required=False, reply=SeedSessionReply, errors=(409, 503),
         summary="Start a session for a row (stateful environments)",
         examples={"example": env.example_row} if env.example_row else None))
     async def seed_session(request: Request) -> JSONResponse:
@@ -314,11 +312,17 @@ def create_resource_app(env: Environment) -> FastAPI:
 
 
 def _add_tool_route(app: FastAPI, env: Environment, name: str, fn: ToolFn) -> None:
+    parameters = env.tool_parameters(name, fn)
+    required = [key for key in parameters.get("required", []) if isinstance(key, str)]
+
     async def call_tool(request: Request) -> Any:
         arguments = await read_json(request, allow_empty=True)
         arguments = {} if arguments is None else arguments
         if not isinstance(arguments, dict):
             raise BadRequest(f"tool {name}: arguments must be a JSON object")
+        missing = [key for key in required if key not in arguments]
+        if missing:  # before the session: the caller learns what its call lacks first
+            raise BadRequest(f"tool {name}: missing required argument(s): {', '.join(missing)}")
         sess = env.session(session_id(request), required=True)
         assert sess is not None
         async with sess.lock:
@@ -330,6 +334,6 @@ def _add_tool_route(app: FastAPI, env: Environment, name: str, fn: ToolFn) -> No
                 raise
 
     app.add_api_route(f"/{name}", call_tool, methods=["POST"], name=name, description=(fn.__doc__ or "").strip(),
-                      tags=["tools"], **describe(body=env.tool_parameters(name, fn), body_required=False,
+                      tags=["tools"], **describe(body=parameters, body_required=False,
                                                  reply={"description": "the tool's JSON result"},
                                                  errors=(409, 503), parameters=[SESSION_HEADER]))

@@ -81,7 +81,7 @@ def client():
 def test_mutated_verify_bodies_never_500(env_servers, client, env):
     url = env_servers[env].url
 
-    @settings(max_examples=40, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=30, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(body=mutated_body(env))
     def run(body: Any) -> None:
@@ -96,7 +96,7 @@ def test_mutated_batch_items_fail_alone(env_servers, client, env):
     url = env_servers[env].url
     valid = verify_body_for(env, examples(env)[0])
 
-    @settings(max_examples=10, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=8, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(body=mutated_body(env))
     def run(body: Any) -> None:

@@ -6,7 +6,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from services.core.replies import failed_reply
+from services.core.replies import failed_reply, scored_reply
 from services.core.schemas import DatasetRow, VerifyReply, VerifyRequest, response_text
 from gymserve.testing import verify_body
 
@@ -25,7 +25,7 @@ def test_dataset_row_keeps_task_fields():
 def test_verify_reply_echoes_request_fields():
     request = VerifyRequest.model_validate(verify_body(" hello ", expected_answer="hello", question_id=42))
     assert request.text() == " hello " and request.field("question_id") == 42
-    reply = VerifyReply(**request.model_dump(), reward=1.0)
+    reply = scored_reply(request, 1.0)
     out = reply.dump()
     assert out["question_id"] == 42 and out["expected_answer"] == "hello" and out["reward"] == 1.0
     assert out["mask_sample"] is False

@@ -30,7 +30,7 @@ from services.core.config import ServerConfig
 from services.core.errors import BadRequest
 from services.core.openapi import SESSION_HEADER, describe
 from services.core.schemas import ResponseObject
-from services.models.openai_api import ModelList, ResponsesRequest
+from services.models.openai_api import ModelList, ResponsesRequest, parse_request
 
 
 class Config(ServerConfig):
@@ -87,6 +87,7 @@ def build(config: Config) -> FastAPI:
         body = await read_json(request)
         if not isinstance(body, dict):
             raise BadRequest("body: expected a JSON object")
+        parse_request(ResponsesRequest, body)  # the stub answers only requests a real server would accept
         script = script_of(body)
         sid = session_id(request)
         turn = turns[sid] if sid else 0

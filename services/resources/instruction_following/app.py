@@ -41,7 +41,6 @@ def warm_worker() -> None:
 class InstructionFollowingRequest(VerifyRequest):
     instruction_id_list: list[str] = Field(description="IFEval instruction ids, e.g. punctuation:no_comma")
     kwargs: list[dict[str, Any] | None] | None = Field(None, description="arguments of each instruction, in order")
-    prompt: str | None = None
 
 
 class InstructionResult(BaseModel):

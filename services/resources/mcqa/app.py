@@ -60,8 +60,8 @@ class MCQARequest(VerifyRequest):
     choices: list[Any] | dict[str, Any] | None = Field(None, description="alternative name for options")
     expected_answer: str | None = Field(None, description="the right option letter (or under metadata)")
     grading_mode: str | None = Field(None, description="NeMo-Gym grading mode of the row")
-    template_metadata: dict[str, Any] | None = Field(None, description="NeMo-Gym: output_regex for the letter")
-    metadata: dict[str, Any] | None = None
+    template_metadata: Any = Field(None, description="NeMo-Gym: {output_regex} that extracts the letter")
+    metadata: Any = Field(None, description="may hold options and expected_answer instead of the top level")
 
 
 class MCQAReply(VerifyReply):

@@ -62,7 +62,7 @@ class ReasoningGymRequest(VerifyRequest):
     reasoning_gym_entry: dict[str, Any] | None = Field(
         None, description="the generator's {question, answer, metadata} (or NeMo-Gym's top-level fields)")
     task_name: str | None = Field(None, description="reasoning-gym task (default: metadata.source_dataset)")
-    reasoning_gym_dataset: dict[str, Any] | None = None
+    reasoning_gym_dataset: Any = Field(None, description="dataset options the scorer needs (some tasks)")
 
 
 class ReasoningGymReply(VerifyReply):

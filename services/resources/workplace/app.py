@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
 from services.core.errors import BadRequest
-from services.core.openapi import describe, ref
+from services.core.openapi import describe
 from services.core.replies import scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app, tool
 from services.core.schemas import VerifyReply, VerifyRequest
@@ -108,8 +108,8 @@ class Workplace(Environment):
         return {"tools": list(wp.TOOLS)}
 
     def tool_parameters(self, name: str, fn: Any) -> dict[str, Any]:
-        spec = wp.TOOLS.get(name)
-        return ref(spec.args) if spec else super().tool_parameters(name, fn)
+        schemas = {s["name"]: s["parameters"] for s in wp.tool_schemas([name])} if name in wp.TOOLS else {}
+        return schemas.get(name) or super().tool_parameters(name, fn)
 
     def call_tool(self, session: Session, name: str, arguments: dict[str, Any]) -> Any:
         db = session.data.get("db")

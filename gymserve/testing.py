@@ -22,7 +22,7 @@ class ServerProcess:
     """
 
     def __init__(self, kind: str, *overrides: str, name: str | None = None, port: int | None = None,
-                 env: dict[str, str] | None = None, ready_timeout_s: float = 120.0, keep_log: bool = True) -> None:
+                 env: dict[str, str] | None = None, ready_timeout_s: float = 120.0, keep_log: bool = False) -> None:
         self.kind = kind
         self.name = name or kind.rsplit("/", 1)[-1]
         self.port = port or free_port()
@@ -33,7 +33,8 @@ class ServerProcess:
         self.ready_timeout_s = ready_timeout_s
         self._logfile = tempfile.NamedTemporaryFile("w+", prefix=f"gymserve-{self.name}-", suffix=".log",
                                                     delete=False)
-        self.keep_log = keep_log  # False: the log file is removed once the server is stopped
+        self.keep_log = keep_log  # False: the log file is removed once the server is stopped (log() still reads it)
+        self._final_log: str | None = None
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> "ServerProcess":
@@ -54,7 +55,9 @@ class ServerProcess:
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+                log = self.log()
+                self.stop()
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{log[-4000:]}")
             try:
                 r = httpx.get(f"{self.url}/ready", timeout=2.0)
                 # Another process may have taken the port first: only our server's name counts.
@@ -69,7 +72,9 @@ class ServerProcess:
 
     def log(self) -> str:
         path = Path(self._logfile.name)
-        return path.read_text(errors="replace") if path.exists() else ""
+        if path.exists():
+            return path.read_text(errors="replace")
+        return self._final_log or ""
 
     def headers(self, **extra: str) -> dict[str, str]:
         key = self.env.get("GYMSERVE_API_KEY")
@@ -89,7 +94,8 @@ class ServerProcess:
         try:
             return self._terminate(timeout_s)
         finally:
-            if not self.keep_log:
+            if not self.keep_log and self._final_log is None:
+                self._final_log = self.log()
                 self._logfile.close()
                 Path(self._logfile.name).unlink(missing_ok=True)
 

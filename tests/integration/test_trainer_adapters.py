@@ -72,7 +72,11 @@ def test_nemo_rl_env_as_ray_actor(stack):
     head, _ = stack
     module, _, name = "trainer.adapters.nemo_rl.GymserveEnvironment".rpartition(".")
     actor_class = getattr(importlib.import_module(module), name)
-    ray.init(num_cpus=1, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    import shutil
+    import tempfile
+
+    temp = tempfile.mkdtemp(prefix="gsray")  # short: Ray's socket paths must fit in 107 characters
+    ray.init(num_cpus=1, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False, _temp_dir=temp)
     try:
         actor = actor_class.options(num_gpus=0).remote({"head_url": head.url, "resource_server": "exact_match"})
         result = ray.get(actor.step.remote([_log("q", "tac")], [{"expected_answer": "tac"}]), timeout=120)
@@ -82,6 +86,7 @@ def test_nemo_rl_env_as_ray_actor(stack):
         assert metrics["accuracy"] == 1.0
     finally:
         ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_verl_compute_score(stack, monkeypatch):

@@ -48,7 +48,7 @@ def server():
     gate = _Gate()
     busy: dict[str, int] = {}
 
-    @app.post("/work/{name}")
+    @app.post("/job/{name}")
     async def work(name: str) -> dict:
         gate.entered.append(name)
         await gate.open.wait()
@@ -80,16 +80,16 @@ def test_fifo_bounded_queue_and_503_with_retry_after(server) -> None:
 
     async def scenario() -> None:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-            first = asyncio.create_task(client.post("/work/a"))
+            first = asyncio.create_task(client.post("/job/a"))
             while gate.entered != ["a"]:
                 await asyncio.sleep(0.01)
             queued = []
             for name in ("b", "c", "d"):  # wait in line, in this order
-                queued.append(asyncio.create_task(client.post(f"/work/{name}")))
+                queued.append(asyncio.create_task(client.post(f"/job/{name}")))
                 await asyncio.sleep(0.05)
             refused = None
             for _ in range(200):  # the 4th waiter finds the line full (once the 3 are in it)
-                refused = await client.post("/work/e")
+                refused = await client.post("/job/e")
                 if refused.status_code == 503:
                     break
                 await asyncio.sleep(0.02)

@@ -323,6 +323,14 @@ class Launcher:
                         await asyncio.wait_for(child.proc.wait(), 5.0)
                 await self._drain(child)
 
+    def _start_failed(self, error: str) -> int:
+        """Exit code of a start-up that did not complete: 0 when a signal stopped it, else 1."""
+        if self._stop is not None and self._stop.is_set():
+            self.say(error)
+            return 0
+        self.say(f"start-up failed: {error}")
+        return 1
+
     def _on_signal(self, sig: int) -> None:
         assert self._stop is not None
         if self._stop.is_set():
@@ -364,11 +372,7 @@ class Launcher:
                 await self._spawn(child)
             error = await self._wait_all_ready()
             if error is not None:
-                if self._stop.is_set():
-                    self.say(error)
-                    return 0
-                self.say(f"start-up failed: {error}")
-                return 1
+                return self._start_failed(error)
             self.say(f"all {len(self.children)} servers ready")
             self.print_table()
             self.say(f"head: {head.url}  dashboard: {head.url}/dashboard  (Ctrl-C stops every server)")

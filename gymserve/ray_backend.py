@@ -392,11 +392,7 @@ class RayLauncher(Launcher):
                 await asyncio.to_thread(self.cluster.deploy, self.deployments, self._head_url_for_replicas())
                 error = await self._wait_deployments_ready()
             if error is not None:
-                if self._stop.is_set():
-                    self.say(error)
-                    return 0
-                self.say(f"start-up failed: {error}")
-                return 1
+                return self._start_failed(error)
             await self._register_all()
             heartbeat = asyncio.create_task(self._heartbeat())
             self.say(f"all {self.total} servers ready")

@@ -1,14 +1,17 @@
 """Real servers for tests and benchmarks: `gymserve serve` subprocesses on 127.0.0.1."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 
@@ -132,6 +135,36 @@ class _suppress:
 
     def __exit__(self, *exc: Any) -> bool:
         return exc[0] is not None and issubclass(exc[0], ProcessLookupError)
+
+
+@contextlib.contextmanager
+def hung_server() -> Iterator[tuple[int, list[socket.socket]]]:
+    """A TCP server on 127.0.0.1 that accepts connections and never answers (timeouts, 504s).
+    Yields (port, the connections accepted so far); closes everything on exit."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    sock.settimeout(0.2)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                held.append(sock.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield sock.getsockname()[1], held
+    finally:
+        stop.set()
+        thread.join(2)
+        for conn in held:
+            conn.close()
+        sock.close()
 
 
 def response_with_text(text: str) -> dict[str, Any]:

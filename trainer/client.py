@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Iterable, TypeVar
 from services.core.client import ServiceClient
 from services.core.directory import Directory
 from services.core.errors import UpstreamError
-from services.core.failures import FAILURE_KINDS
+from services.core.failures import FailureKind, as_kind
 
 from .tokens import policy_version
 
@@ -39,10 +39,10 @@ def agent_name(row: dict[str, Any]) -> str | None:
     return None
 
 
-def failure_record(row: dict[str, Any], kind: str, reason: str) -> dict[str, Any]:
+def failure_record(row: dict[str, Any], kind: FailureKind, reason: str) -> dict[str, Any]:
     """The row with the failure marked: masked, no reward (a missing reward is not a 0)."""
     record = dict(row)
-    record.update(reward=None, mask_sample=True, failure_kind=kind, failure_reason=reason[:2000])
+    record.update(reward=None, mask_sample=True, failure_kind=str(kind), failure_reason=reason[:2000])
     record.setdefault("policy_version", None)
     return record
 
@@ -101,7 +101,7 @@ class RolloutClient:
         return self._semaphore
 
     async def resolve(self, name: str) -> str:
-        """URL of agent `name`; a name the head does not know raises UpstreamError(kind="bad_request")."""
+        """URL of agent `name`; a name the head does not know raises UpstreamError(kind=FailureKind.BAD_REQUEST)."""
         if name in self.directory.static:
             return self.directory.static[name].rstrip("/")
         instances = await self.directory.instances()
@@ -110,19 +110,19 @@ class RolloutClient:
         if name not in instances:
             known = sorted(n for n, v in instances.items() if "agent" in str(v.get("server_type", v.get("kind", ""))))
             raise UpstreamError(f"unknown agent {name!r}: no server of that name is registered with the head at "
-                                f"{self.directory.head_url} (agents: {', '.join(known) or 'none'})", kind="bad_request")
+                                f"{self.directory.head_url} (agents: {', '.join(known) or 'none'})", kind=FailureKind.BAD_REQUEST)
         return await self.directory.route(name, str(instances[name]["url"]).rstrip("/"))
 
     async def run(self, row: dict[str, Any]) -> dict[str, Any]:
         """One rollout: the agent's verify reply, or a failure record. Never raises for a bad row or server."""
         name = agent_name(row)
         if name is None:
-            return failure_record(row, "bad_request", "row has no agent_ref.name: cannot route it to an agent")
+            return failure_record(row, FailureKind.BAD_REQUEST, "row has no agent_ref.name: cannot route it to an agent")
         async with self._limit():
             try:
                 reply = await self._run_with_retries(name, row)
             except UpstreamError as exc:
-                return failure_record(row, str(exc.kind) if exc.kind in _KINDS else "upstream", str(exc))
+                return failure_record(row, as_kind(exc.kind, FailureKind.UPSTREAM), str(exc))
         return self._finish(row, reply)
 
     async def run_many(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -141,47 +141,46 @@ class RolloutClient:
                 response = await self.client.request("POST", f"{url}/run", json=row, deadline_s=remaining,
                                                      retries=1)
             except UpstreamError as exc:
-                if exc.kind == "timeout" and time.monotonic() >= deadline:
+                if exc.kind == FailureKind.TIMEOUT and time.monotonic() >= deadline:
                     raise UpstreamError(f"rollout deadline of {self.deadline_s:g}s exceeded on agent {name!r} "
-                                        f"({exc})", kind="timeout") from None
+                                        f"({exc})", kind=FailureKind.TIMEOUT) from None
                 last = exc  # unreachable or 502/503/504: it may have moved; ask the head again
                 self.directory.invalidate(name)
                 await asyncio.sleep(min(0.2 * 2 ** attempt, max(0.0, deadline - time.monotonic())))
                 continue
             if response.status_code >= 400:
                 raise UpstreamError(f"agent {name!r} answered {response.status_code}: {_detail(response)}",
-                                    kind="bad_request" if response.status_code < 500 else "upstream")
+                                    kind=FailureKind.BAD_REQUEST if response.status_code < 500 else FailureKind.UPSTREAM)
             try:
                 return response.json()
             except ValueError:
                 raise UpstreamError(f"agent {name!r} answered with invalid JSON: {response.text[:200]}") from None
         if last is None or time.monotonic() >= deadline:
             raise UpstreamError(f"rollout deadline of {self.deadline_s:g}s exceeded on agent {name!r}"
-                                + (f" ({last})" if last else ""), kind="timeout")
+                                + (f" ({last})" if last else ""), kind=FailureKind.TIMEOUT)
         raise UpstreamError(f"agent {name!r} failed after {1 + self.retries} attempts: {last}", kind=last.kind)
 
     @staticmethod
     def _finish(row: dict[str, Any], reply: Any) -> dict[str, Any]:
         if not isinstance(reply, dict):
-            return failure_record(row, "upstream", f"agent reply is not a JSON object: {str(reply)[:200]}")
+            return failure_record(row, FailureKind.UPSTREAM, f"agent reply is not a JSON object: {str(reply)[:200]}")
         record = dict(reply)
         for key in ("_ng_task_index", "_ng_rollout_index", "agent_ref"):
             if key in row:
                 record[key] = row[key]
         if record.get("mask_sample"):
-            record.setdefault("failure_kind", "upstream")
+            record.setdefault("failure_kind", str(FailureKind.UPSTREAM))
             record.setdefault("failure_reason", "the agent masked this rollout without a reason")
             record["reward"] = None
             return record
         reward = record.get("reward")
         if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-            return failure_record(row, "upstream", f"agent reply has no numeric reward (got {reward!r})")
+            return failure_record(row, FailureKind.UPSTREAM, f"agent reply has no numeric reward (got {reward!r})")
         if record.get("policy_version") is None:
             record["policy_version"] = policy_version(record.get("response"))
         return record
 
 
-_KINDS = frozenset(FAILURE_KINDS)
 
 
 def _detail(response: Any) -> str:

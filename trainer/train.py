@@ -17,6 +17,7 @@ Config (YAML; `key=value` overrides on the command line, dotted for nesting):
 
 `metrics.jsonl` in `output_dir` gets one line per logging step (loss, reward, reward
 components, KL, |Δlogp|, policy lag, ...) through `trainer.step_log.StepLog.record`;
+`rollouts.jsonl` every rollout record as sampled (response, reward, `policy_version`);
 the final weights go to `output_dir/final`.
 
 Weight sync (see trainer/weight_sync.py): unless `grpo.use_vllm` is set (TRL syncs vLLM
@@ -34,15 +35,16 @@ from typing import Any
 
 import httpx
 
-from .client import agent_name, default_head_url
+from .client import agent_name, default_head_url, run_sync
 from .grpo import trainer_class
-from .jsonl import read_rows
+from .jsonl import JsonlAppender, read_complete_lines, read_rows
 from .report import write_training_report
 from .step_log import StepLog, plot
 from .trl import make_rollout_func, reward_functions, to_trl_dataset
 from .weight_sync import PolicyHooks, WeightSync, WeightSyncError, find_policy_server
 
 log = logging.getLogger("gymserve.trainer")
+ROLLOUTS = "rollouts.jsonl"
 
 
 class TrainConfigError(ValueError):
@@ -84,8 +86,10 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
     import yaml
 
+    from services.core.config import load_yaml
+
     try:
-        data = yaml.safe_load(os.path.expandvars(Path(path).read_text())) or {}
+        data = load_yaml(os.path.expandvars(Path(path).read_text())) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise TrainConfigError(f"cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
@@ -94,7 +98,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainCo
         if "=" not in item:
             raise TrainConfigError(f"override {item!r}: expected key=value")
         key, _, raw = item.partition("=")
-        _set_dotted(data, key.strip(), yaml.safe_load(raw) if raw else raw)
+        _set_dotted(data, key.strip(), load_yaml(raw) if raw else raw)
     for key in ("train_data", "eval_data", "reward_components"):
         if isinstance(data.get(key), str):
             data[key] = [data[key]]
@@ -242,8 +246,14 @@ def build_trainer(config: TrainConfig):
     rollout = dict(config.rollout)
     head_url = config.head_url or default_head_url()
     hooks = PolicyHooks(weight_sync(config, args, head_url))
+    rollouts = JsonlAppender(Path(config.output_dir) / ROLLOUTS, truncate=True)  # every record, as sampled
+
+    def keep(records: list[dict[str, Any]]) -> None:
+        for record in records:
+            rollouts.write(record)
+
     rollout_func = make_rollout_func(head_url, tokenizer, rows=train_rows + eval_rows, before_batch=hooks.before_batch,
-                                     after_batch=hooks.after_batch, **rollout)
+                                     after_batch=hooks.after_batch, on_records=keep, **rollout)
     step_log = StepLog(config.output_dir, total=args.max_steps if args.max_steps > 0 else None,
                        progress=config.progress, head_url=head_url)
     trainer = trainer_class()(model=model, reward_funcs=_reward_funcs(config, args), args=args,
@@ -257,12 +267,18 @@ def build_trainer(config: TrainConfig):
         trainer.remove_callback(ProgressCallback)
         trainer.remove_callback(PrinterCallback)
     trainer.gymserve_sync = hooks.sync
+    trainer.gymserve_rollouts = rollouts
+    trainer.gymserve_client = rollout_func.client  # type: ignore[attr-defined]
     return trainer
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
     trainer = build_trainer(config)
-    result = trainer.train()
+    try:
+        result = trainer.train()
+    finally:
+        trainer.gymserve_rollouts.close()
+        run_sync(trainer.gymserve_client.aclose)  # its pooled connections, before the loop thread dies
     if trainer.gymserve_sync is not None:  # the policy server ends on the final weights
         trainer.gymserve_sync.push(trainer.accelerator.unwrap_model(trainer.model), int(result.global_step))
     metrics = Path(config.output_dir) / "metrics.jsonl"
@@ -272,12 +288,14 @@ def train(config: TrainConfig) -> dict[str, Any]:
             plot_path = str(plot(metrics, Path(config.output_dir) / "reward.png"))
         except ImportError:
             log.warning("no reward.png: matplotlib is not installed (pip install gymserve[ml])")
-    report_path = str(write_training_report(config.output_dir))  # report.html: curves, rewards, failures
+    records = read_complete_lines(Path(config.output_dir) / ROLLOUTS)
+    report_path = str(write_training_report(config.output_dir, records))  # report.html: curves, rewards, failures
     final = Path(config.output_dir) / "final"
     if config.save_final:
         trainer.save_model(str(final))
         trainer.processing_class.save_pretrained(str(final))
     return {"global_step": result.global_step, "training_loss": result.training_loss,
-            "metrics": str(metrics), "plot": plot_path, "report": report_path,
+            "metrics": str(metrics), "rollouts": str(Path(config.output_dir) / ROLLOUTS),
+            "plot": plot_path, "report": report_path,
             "final_model": str(final) if config.save_final else None,
             "weights_version": trainer.gymserve_sync.server_version if trainer.gymserve_sync else None}

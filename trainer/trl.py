@@ -26,6 +26,7 @@ from collections import defaultdict
 from typing import Any, Callable, Iterable
 
 from services.core.content import content_text
+from services.core.failures import FailureKind
 
 from .client import RolloutClient, is_failure, run_sync
 from .tokens import StitchError, stitch
@@ -124,7 +125,7 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
             for (i, _), record in zip(todo, results):
                 records[i] = record
         for i in missing:
-            records[i] = {"reward": None, "mask_sample": True, "failure_kind": "bad_request",
+            records[i] = {"reward": None, "mask_sample": True, "failure_kind": str(FailureKind.BAD_REQUEST),
                           "failure_reason": "prompt not found in the training data (no gymserve_row for it)"}
         finished = [r for r in records if r is not None]
         if on_records is not None:
@@ -199,15 +200,15 @@ def rollout_outputs(prompts: list[Any], records: list[dict[str, Any] | None], to
     component_names = sorted({name for r in records if r and not is_failure(r)
                               for name in (r.get("reward_components") or {})})
     for prompt, record in zip(prompts, records):
-        record = record or {"mask_sample": True, "failure_kind": "upstream", "failure_reason": "no result"}
+        record = record or {"mask_sample": True, "failure_kind": str(FailureKind.UPSTREAM), "failure_reason": "no result"}
         failure = None
         if is_failure(record):
-            failure = str(record.get("failure_kind") or "upstream")
+            failure = str(record.get("failure_kind") or FailureKind.UPSTREAM)
         else:
             try:
                 tokens = stitch(record.get("response") or {})
             except StitchError as exc:
-                failure = "upstream"
+                failure = str(FailureKind.UPSTREAM)
                 record = {**record, "failure_reason": str(exc)}
                 log.warning("rollout masked: %s", exc)
         if failure is None:

@@ -22,6 +22,19 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the file and the key."""
 
 
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads `1e-4` as a number (YAML 1.2); PyYAML's YAML 1.1 reads it as a string."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+                              list("-+0123456789."))
+
+
+def load_yaml(text: str) -> Any:
+    """`yaml.safe_load` with YAML 1.2 exponent floats: every config file and override goes through it."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+
+
 class ServerConfig(BaseModel):
     """Settings every server has. Each server's `Config` subclasses it with its own options."""
 
@@ -149,7 +162,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not path:
         raise ConfigError(f"override {text!r}: empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return path, value
@@ -186,7 +199,7 @@ def redact(value: Any) -> Any:
 # --------------------------------------------------------------------------- #
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:

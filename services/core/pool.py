@@ -205,8 +205,8 @@ _READ_CHUNK = 1 << 20
 # a batch for a worker that is still busy must fit in the socket buffer: a blocking send of
 # more would stall the event loop until that worker finished its current item
 _PIPELINE_MAX_BYTES = 64 * 1024
-# a worker is "streaming" (gets its next batch before it runs dry) only while results arrive
-# this soon after each other; a worker stuck on a slow item gets nothing more queued behind it
+# a worker gets its next batch before it runs dry while its current item has run less than
+# this or twice the average item time; a worker stuck on a slow item gets nothing queued behind it
 _PIPELINE_RECENT_S = 0.002
 # Micro-batches are sized so that one holds about this much work (from a running average of the
 # pool's item times): quick items travel 16 to a message, items of a few ms go one at a time. A
@@ -620,9 +620,12 @@ class WorkerPool:
             return
         # Workers churning through quick items get their next batch before they run dry, so
         # they do not idle for a round trip between batches.
+        # So do workers on an item of ordinary cost; one on an item that has run far past the
+        # average gets nothing queued behind it (it may be a slow one).
         now = time.monotonic()
+        recent = max(_PIPELINE_RECENT_S, 2 * (self.item_time_s or 0.0))
         streaming = [w for w in live if w.inflight and len(w.inflight) <= limit
-                     and now - w.item_started < _PIPELINE_RECENT_S]
+                     and now - w.item_started < recent]
         for worker in streaming:
             if not self._pending:
                 return

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import threading
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gymserve.testing import ServerProcess
+from gymserve.testing import ServerProcess, hung_server
 from tests.integration._trainer_stack import wait_registered
 from tests.integration.browser import Chromium, DomIndex, chromium_binary
 from trainer.client import RolloutClient
@@ -194,24 +193,7 @@ def test_hung_server_does_not_stall_the_dashboard(stack):
     of it hangs (30 s probe timeout here), the page and its data answer from the last samples.
     Last in this module: the head's /health/servers waits for that probe round."""
     head = stack
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        sock.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(sock.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    port = sock.getsockname()[1]
-    try:
+    with hung_server() as (port, held):
         assert head.post("/register", json={"name": "hung", "host": "127.0.0.1", "port": port,
                                             "ttl_s": 120}).status_code == 200
         deadline = time.monotonic() + 60
@@ -223,9 +205,3 @@ def test_hung_server_does_not_stall_the_dashboard(stack):
                 data = client.get(f"{head.url}/dashboard/data").json()
                 assert client.get(f"{head.url}/dashboard").status_code == 200
         assert {"servers", "environments", "timeline", "training"} <= set(data)
-    finally:
-        stop.set()
-        thread.join(2)
-        for conn in held:
-            conn.close()
-        sock.close()

@@ -3,15 +3,13 @@ proxy (status codes, headers, 404/502/504), aggregated health and dashboard."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 
 import httpx
 import pytest
 import yaml
 
-from gymserve.testing import ServerProcess, verify_body
+from gymserve.testing import ServerProcess, hung_server, verify_body
 from services.core.loader import free_port
 
 SECRET = "hunter2-do-not-leak"
@@ -26,28 +24,8 @@ def upstream():
 @pytest.fixture(scope="module")
 def hang_port():
     """A TCP server that accepts connections and never answers (for the 504 path)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        sock.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(sock.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield sock.getsockname()[1]
-    stop.set()
-    thread.join(2)
-    for conn in held:
-        conn.close()
-    sock.close()
+    with hung_server() as (port, _):
+        yield port
 
 
 @pytest.fixture(scope="module")

@@ -101,6 +101,23 @@ def test_bad_expected_answer_is_a_4xx_naming_it(math_server: ServerProcess, fiel
     assert needle in r.json()["detail"] and "expected_answer" in r.json()["detail"]
 
 
+def test_answer_format_number_over_http_single_and_batch(math_server: ServerProcess) -> None:
+    """`answer_format: number`: a restated sum is not an answer, in /verify and /verify/batch alike;
+    an unknown format is a 400 naming the field (a failed item in a batch)."""
+    for text, reward in (("To add 3 + 4,", 0.0), ("3 + 4 = 7", 1.0)):
+        r = math_server.post("/verify", verify_body(text, expected_answer="7", answer_format="number"))
+        assert r.status_code == 200 and r.json()["reward"] == reward, r.text
+    assert math_server.post("/verify", verify_body("To add 3 + 4,", expected_answer="7")).json()["reward"] == 1.0
+    bad = math_server.post("/verify", verify_body("7", expected_answer="7", answer_format="digits"))
+    assert bad.status_code == 400 and "answer_format" in bad.json()["detail"]
+    replies = math_server.post("/verify/batch", [
+        verify_body("To add 3 + 4,", expected_answer="7", answer_format="number"),
+        verify_body("3 + 4 = 7", expected_answer="7", answer_format="number"),
+        verify_body("7", expected_answer="7", answer_format=["number"])]).json()
+    assert [x["reward"] for x in replies] == [0.0, 1.0, 0.0]
+    assert replies[2]["failure_kind"] == "bad_request" and "answer_format" in replies[2]["failure_reason"]
+
+
 @pytest.mark.parametrize("body", [
     {"responses_create_params": {"input": []}, "expected_answer": "3"},  # no response
     {"responses_create_params": {"input": []}, "response": "42", "expected_answer": "3"},  # wrong type

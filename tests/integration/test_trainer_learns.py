@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.integration._trainer_stack import small_stack
+from trainer.train import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
@@ -51,6 +52,13 @@ def test_learn_cpu_reward_rises_and_weights_version_advances(tmp_path):
     first = steps[0]["reward"]
     last = sum(s["reward"] for s in steps[-3:]) / 3
     assert last >= MIN_LAST and last - first >= MIN_RISE, (first, last, [s["reward"] for s in steps])
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    batch = load_config(REPO / "deploy/train/learn_cpu.yaml").grpo["per_device_train_batch_size"]
+    assert len(rollouts) == STEPS * batch  # every sampled rollout, kept as sampled
+    assert {r["policy_version"] for r in rollouts} == set(range(STEPS))  # batch k sampled with version k
+    scored = [r for r in rollouts if r["reward"] == 1.0]
+    # answer_format "number": every scored reply states the sum as a number, none merely restates it
+    assert scored and all(r["extracted_answer"] == r["expected_answer"] for r in scored), scored[:3]
     assert (out / "reward.png").stat().st_size > 10_000
     report = (out / "report.html").read_text()
     assert "reward by step" in report and "<svg" in report  # the run's report, viewable without a server

@@ -16,9 +16,11 @@ def write(tmp_path, name, text):
 def test_overrides_are_typed_and_nested():
     data = apply_overrides({"head": {"port": 11000}}, ["head.port=12000", "servers.math.workers=2",
                                                         "servers.math.flag=true", "servers.math.tags=[a, b]",
-                                                        "servers.math.label=hello world"])
+                                                        "servers.math.label=hello world",
+                                                        "servers.math.rate=1e-4"])
     assert data["head"]["port"] == 12000
-    assert data["servers"]["math"] == {"workers": 2, "flag": True, "tags": ["a", "b"], "label": "hello world"}
+    assert data["servers"]["math"] == {"workers": 2, "flag": True, "tags": ["a", "b"], "label": "hello world",
+                                       "rate": 1e-4}
     with pytest.raises(ConfigError, match="expected key=value"):
         parse_override("no-equals-sign")
 

@@ -67,7 +67,17 @@ def test_pathological_expression_hits_math_verify_timeout() -> None:
 
 def test_score_many_matches_score() -> None:
     items = [(r, e) for r, e in CASES]
-    assert checker.score_many(items, 5) == [checker.score(r, e, 5) for r, e in items]
+    assert checker.score_many([(r, e, False) for r, e in items], 5) == [checker.score(r, e, 5) for r, e in items]
+    assert checker.score_many([(r, e, True) for r, e in items], 5) == [checker.score(r, e, 5, True) for r, e in items]
+
+
+@pytest.mark.parametrize("response, reward", [
+    ("3 + 4 = 7", 1.0), ("The answer is 7.", 1.0), ("$7$", 1.0), ("\\boxed{7}", 1.0),
+    ("To add 3 + 4,", 0.0),  # restating the sum: equal to 7 for math-verify, not an answer
+    ("\\boxed{3+4}", 0.0), ("3 + 4 = 8", 0.0)])
+def test_number_only_needs_the_answer_written_as_a_number(response: str, reward: float) -> None:
+    assert checker.score(response, "7", 5, True)[0] == reward
+    assert checker.score("To add 3 + 4,", "7", 5)[0] == 1.0  # the default (NeMo RL) accepts the expression
 
 
 def test_equivalent() -> None:

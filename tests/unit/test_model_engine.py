@@ -108,26 +108,26 @@ def test_short_row_leaves_before_the_long_one_ends(model_and_tokenizer) -> None:
     assert order == ["short", "long"]
 
 
-def test_pause_drains_the_running_batch_and_holds_new_rows(model_and_tokenizer) -> None:
-    engine = _engine(model_and_tokenizer, max_batch_size=8, batch_wait_s=0.0)
+def test_a_burst_joins_the_running_batch_as_one_group(model_and_tokenizer) -> None:
+    """Rows that arrive while a batch decodes join together (one prefill, one cache merge), not one
+    by one: the group is admitted when it fills the free rows, here at once."""
+    engine = _engine(model_and_tokenizer, max_batch_size=4, batch_wait_s=0.0)
 
     async def scenario():
-        first = asyncio.create_task(engine.generate([1, 2], _greedy(30)))
+        first = asyncio.create_task(engine.generate([1, 2], _greedy(400)))
         while engine.steps < 1:
             await asyncio.sleep(0.001)
-        async with engine.paused(timeout_s=120):
-            assert first.done()  # the running row finished on the old weights
-            second = asyncio.create_task(engine.generate([3, 4], _greedy(5)))
-            await asyncio.sleep(0.05)
-            assert not second.done() and engine.running == 0  # held while paused
-            steps = engine.steps
-        (gen,) = await asyncio.wait_for(second, 120)
-        assert len(gen.token_ids) == 5 and engine.steps > steps
+        engine.batch_wait_s = 60.0  # a lone newcomer would wait: only filling the free rows admits it
+        burst = await asyncio.gather(*(engine.generate([3 + k, 4], _greedy(5)) for k in range(3)))
+        await first
+        return burst
 
     try:
-        asyncio.run(scenario())
+        burst = asyncio.run(scenario())
     finally:
         engine.stop()
+    assert engine.batches == 2  # the first row's prefill, then the three newcomers together
+    assert [len(gen.token_ids) for (gen,) in burst] == [5, 5, 5]
 
 
 def test_seeded_sampling_does_not_depend_on_batch_neighbours(model_and_tokenizer) -> None:

@@ -104,6 +104,14 @@ def test_train_config_errors(tmp_path):
         load_config(cfg, ["rollout.nope=1"])
 
 
+def test_exponent_floats_are_numbers_in_files_and_overrides(tmp_path):
+    """`1e-4` is a float (PyYAML alone reads it as a string, which crashed deep inside torch's optimizer)."""
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text("output_dir: x\ntrain_data: a.jsonl\ngrpo: {learning_rate: 1e-4, beta: '1e-3'}\n")
+    assert load_config(cfg).grpo == {"learning_rate": 1e-4, "beta": "1e-3"}  # quoted stays a string
+    assert load_config(cfg, ["grpo.learning_rate=2e-5"]).grpo["learning_rate"] == 2e-5
+
+
 def test_train_rejects_rows_without_agent_ref(tmp_path):
     from trainer.train import build_trainer
 

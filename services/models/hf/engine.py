@@ -10,20 +10,19 @@ Each row keeps its own sampling settings and seeded generator; the logprob of ev
 sampled token is read from the same forward pass that sampled it. torch releases the GIL
 during the forward passes, so the event loop stays responsive.
 
-`pause()` stops admitting new sequences, `await drained()` waits for the running batch to
-finish, `resume()` admits again: what a weight swap needs (`async with engine.paused(): ...`).
+`update_weights` is the one way to quiesce it: new generations wait at a gate while the running
+ones finish, the weights are swapped, the gate opens.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 import torch
 
@@ -33,7 +32,6 @@ log = logging.getLogger("gymserve.models")
 
 GREEDY_BELOW = 1e-5  # temperatures below this decode greedily
 MAX_TOP_LOGPROBS = 20
-_WAKE = object()  # queued by resume()/stop() to wake an idle thread
 
 
 TokenCallback = Callable[[int, str, bool], None]  # (choice index, text so far, finished)
@@ -152,10 +150,6 @@ class Engine:
         self.pad_id = pad if pad is not None else (next(iter(self.stop_token_ids)) if self.stop_token_ids else 0)
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._admitting = threading.Event()
-        self._admitting.set()
-        self._idle = threading.Event()  # set while nothing is decoding
-        self._idle.set()
         self.batches = 0  # prefills (groups of rows admitted together)
         self.rows = 0
         self.tokens = 0
@@ -179,33 +173,6 @@ class Engine:
             self._queue.put(None)
             self._thread.join(timeout=30)
             self._thread = None
-
-    def pause(self) -> None:
-        """Admit no new sequences (they queue); running ones go on to their end."""
-        self._admitting.clear()
-
-    def resume(self) -> None:
-        self._admitting.set()
-        self._queue.put(_WAKE)
-
-    @property
-    def admitting(self) -> bool:
-        return self._admitting.is_set()
-
-    async def drained(self, timeout_s: float | None = None) -> None:
-        """Wait until no sequence is decoding (after `pause()`, until the running batch has finished)."""
-        if not await asyncio.to_thread(self._idle.wait, timeout_s):
-            raise TimeoutError(f"the running batch did not finish within {timeout_s}s")
-
-    @contextlib.asynccontextmanager
-    async def paused(self, timeout_s: float | None = None) -> AsyncIterator[None]:
-        """Pause admission, wait for the running batch to drain, run the body, resume (even on error)."""
-        self.pause()
-        try:
-            await self.drained(timeout_s)
-            yield
-        finally:
-            self.resume()
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
                        on_update: TokenCallback | None = None) -> list[Generation]:
@@ -279,9 +246,7 @@ class Engine:
         pending: list[_Job] = []
         batch = _Batch()
         while True:
-            idle = not batch and (not pending or not self._admitting.is_set())
-            if idle:
-                self._idle.set()
+            idle = not batch and not pending
             try:
                 stopped = self._collect(pending, block=idle)
             except Exception:  # never let the thread die
@@ -291,11 +256,8 @@ class Engine:
                 self._fail([r.job for r in batch.rows] + pending, RuntimeError("engine stopped"))
                 return
             self.waiting = sum(j.n for j in pending)
-            if pending and (self.continuous or not batch):
-                # Busy before looking at the admission flag: a pause() that saw the engine idle has cleared
-                # the flag by then, so nothing starts behind the back of a caller that waited for `drained()`.
-                self._idle.clear()
-                group = self._admissible(pending, len(batch)) if self._admitting.is_set() else []
+            if pending and (self.continuous or not batch) and self._may_join(pending, len(batch)):
+                group = self._admissible(pending, len(batch))
                 if group:
                     try:
                         with torch.inference_mode():
@@ -305,7 +267,6 @@ class Engine:
                         self._fail(group, exc)
             if not batch:
                 continue
-            self._idle.clear()
             try:
                 with torch.inference_mode():
                     self._step(batch)
@@ -321,22 +282,20 @@ class Engine:
             item = self._queue.get()
             if item is None:
                 return True
-            if item is not _WAKE:
+            pending.append(item)
+            # Coming out of idle: give the rest of a burst a moment to arrive, so it shares this prefill.
+            deadline = time.monotonic() + self.batch_wait_s
+            while sum(j.n for j in pending) < self.max_batch_size:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    item = self._queue.get(timeout=remaining)
+                except queue.Empty:
+                    break
+                if item is None:
+                    return True
                 pending.append(item)
-                # Coming out of idle: give the rest of a burst a moment to arrive, so it shares this prefill.
-                deadline = time.monotonic() + self.batch_wait_s
-                while sum(j.n for j in pending) < self.max_batch_size:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    try:
-                        item = self._queue.get(timeout=remaining)
-                    except queue.Empty:
-                        break
-                    if item is None:
-                        return True
-                    if item is not _WAKE:
-                        pending.append(item)
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -344,8 +303,18 @@ class Engine:
                 return False
             if item is None:
                 return True
-            if item is not _WAKE:
-                pending.append(item)
+            pending.append(item)
+
+    def _may_join(self, pending: list[_Job], running: int) -> bool:
+        """Whether waiting rows are prefilled now. Into a running batch they join as a group: when
+        they fill its free rows or the oldest has waited `batch_wait_s`. Every join costs a prefill
+        forward pass and a copy of the running cache, so a burst arriving over a few milliseconds
+        joins once, not request by request."""
+        if not running:
+            return True  # idle: `_collect` already waited for the burst
+        waiting = sum(job.n for job in pending)
+        return (waiting >= self.max_batch_size - running
+                or time.monotonic() - pending[0].queued_at >= self.batch_wait_s)
 
     def _admissible(self, pending: list[_Job], running: int) -> list[_Job]:
         """The oldest waiting jobs that fit beside the running rows (first come, first served)."""

@@ -22,6 +22,8 @@ from services.core.schemas import VerifyReply, VerifyRequest
 
 from . import checker
 
+ANSWER_FORMATS = ("expression", "number")
+
 
 class Config(ResourceConfig):
     verify_deadline_s: float = Field(15.0, gt=0, description="hard deadline of one check in a worker (backstop)")
@@ -46,6 +48,15 @@ def expected_answer(request: VerifyRequest) -> str:
     if not text.strip():
         raise BadRequest("expected_answer: empty string")
     return text  # unstripped, as NeMo RL uses it
+
+
+def number_only(request: VerifyRequest) -> bool:
+    """The row's `answer_format`: "number" scores only an answer written as a number, so that restating
+    the question ("3 + 4") is not taken for its answer, as math-verify's expression matching would."""
+    value = request.field("answer_format", "expression")
+    if value not in ANSWER_FORMATS:
+        raise BadRequest(f"answer_format: must be one of {', '.join(ANSWER_FORMATS)}, got {str(value)[:50]!r}")
+    return value == "number"
 
 
 def balanced_braces(expected: str) -> str:
@@ -85,6 +96,9 @@ class MathReply(VerifyReply):
 class MathRequest(VerifyRequest):
     expected_answer: str | int | float | None = Field(None, description="the reference answer (or ground_truth)")
     ground_truth: str | int | float | None = Field(None, description="NeMo RL's name for expected_answer")
+    answer_format: Literal["expression", "number"] = Field(
+        "expression", description="expression: any answer math-verify finds equal (NeMo RL's behaviour); "
+                                  "number: the answer must be written as a number")
 
 
 class MathEnvironment(Environment):
@@ -122,7 +136,8 @@ class MathEnvironment(Environment):
     async def verify(self, request: VerifyRequest, session: Session | None) -> VerifyReply:
         expected = balanced_braces(expected_answer(request))
         try:
-            outcome = await self.in_pool(checker.score, request.text(), expected, self.config.math_verify_timeout_s)
+            outcome = await self.in_pool(checker.score, request.text(), expected, self.config.math_verify_timeout_s,
+                                         number_only(request))
         except (WorkerFailure, TaskError) as exc:
             return self.failure(request, exc)
         return self.reply(request, expected, outcome)
@@ -136,6 +151,7 @@ class MathEnvironment(Environment):
         work: list[tuple[int, str]] = []
         for i, request in enumerate(requests):
             try:
+                number_only(request)  # a bad answer_format fails this item alone
                 work.append((i, balanced_braces(expected_answer(request))))
             except BadRequest as exc:
                 replies[i] = exception_reply(request, exc, model=MathReply)
@@ -151,7 +167,7 @@ class MathEnvironment(Environment):
                          replies: list[VerifyReply | None]) -> None:
         """One pool call for the chunk; if it fails (a pathological item), each item runs alone."""
         timeout_s = self.config.math_verify_timeout_s
-        args = [(requests[i].text(), expected) for i, expected in chunk]
+        args = [(requests[i].text(), expected, number_only(requests[i])) for i, expected in chunk]
         try:
             # room for one slow item; a chunk stuck longer is re-run item by item below
             outcomes = await self.in_pool(checker.score_many, args, timeout_s,
@@ -167,8 +183,8 @@ class MathEnvironment(Environment):
         """One pool item per request through `pool.map`: each has its own deadline."""
         assert self.pool is not None
         timeout_s = self.config.math_verify_timeout_s
-        outcomes = await self.pool.map(checker.score, [(requests[i].text(), expected, timeout_s)
-                                                       for i, expected in work])
+        outcomes = await self.pool.map(checker.score, [(requests[i].text(), expected, timeout_s,
+                                                        number_only(requests[i])) for i, expected in work])
         for (i, expected), outcome in zip(work, outcomes):
             if isinstance(outcome, BaseException):
                 replies[i] = self.failure(requests[i], outcome)

@@ -11,6 +11,7 @@ and only logs, is noticed and reported instead of passing as an ordinary wrong a
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 OK = "ok"
@@ -35,6 +36,7 @@ class _TimeoutRecorder(logging.Handler):
 
 
 _recorder = _TimeoutRecorder()
+_NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)")
 
 
 def init_worker() -> None:
@@ -82,9 +84,16 @@ def _pick_extracted(golds: list[Any], preds: list[Any], timeout_s: int) -> str |
     return pred_strs[0] if pred_strs else None
 
 
-def score(response: str, expected: str, timeout_s: int = 5) -> tuple[float, str | None, str]:
+def written_as_number(extracted: str | None) -> bool:
+    """True for "7", "-2.5", "$7$"; False for "3 + 4" (an expression that merely equals the answer)."""
+    return extracted is not None and _NUMBER.fullmatch(extracted.strip().strip("$").strip()) is not None
+
+
+def score(response: str, expected: str, timeout_s: int = 5,
+          number_only: bool = False) -> tuple[float, str | None, str]:
     """(reward 1.0/0.0, extracted answer, status). Status `bad_gold`: expected gives no target;
-    `timeout`: a math-verify timeout fired and the answer was not found correct."""
+    `timeout`: a math-verify timeout fired and the answer was not found correct. `number_only`
+    scores a correct answer only when it is written as a number (the extracted text)."""
     from math_verify.grader import verify
     from math_verify.parser import parse
 
@@ -97,14 +106,16 @@ def score(response: str, expected: str, timeout_s: int = 5) -> tuple[float, str 
     reward = 1.0 if preds and verify(golds, preds, 6, timeout_seconds=timeout_s) else 0.0
     timed_out = _recorder.count > before
     extracted = _pick_extracted(golds, preds, timeout_s) if preds else None
+    if number_only and not written_as_number(extracted):
+        reward = 0.0
     if reward == 0.0 and timed_out:
         return 0.0, extracted, TIMEOUT
     return reward, extracted, OK
 
 
-def score_many(items: list[tuple[str, str]], timeout_s: int = 5) -> list[tuple[float, str | None, str]]:
-    """`score` over a chunk of (response, expected) pairs in one round trip."""
-    return [score(response, expected, timeout_s) for response, expected in items]
+def score_many(items: list[tuple[str, str, bool]], timeout_s: int = 5) -> list[tuple[float, str | None, str]]:
+    """`score` over a chunk of (response, expected, number_only) items in one round trip."""
+    return [score(response, expected, timeout_s, number_only) for response, expected, number_only in items]
 
 
 def equivalent(answer: str, expected: str, timeout_s: int = 5) -> tuple[bool, str]:

@@ -16,6 +16,7 @@ ones finish, the weights are swapped, the gate opens.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import queue
 import random
@@ -148,6 +149,10 @@ class Engine:
         self.stop_token_ids = set(stop_token_ids or ())
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (next(iter(self.stop_token_ids)) if self.stop_token_ids else 0)
+        # The prefill needs each row's last position only (as `generate` asks): the vocabulary
+        # projection of every prompt token is a tenth of a small model's prefill.
+        forward = inspect.signature(model.forward).parameters
+        self._last_logits: dict[str, Any] = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
         self.batches = 0  # prefills (groups of rows admitted together)
@@ -355,7 +360,8 @@ class Engine:
             mask[b, width - len(ids):] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         **self._last_logits)
         self._pick(rows, out.logits[:, -1, :])
         cache = out.past_key_values
         if batch and not _mergeable(cache):
@@ -395,7 +401,9 @@ class Engine:
     def _sample(self, rows: list[_Row], logits: torch.Tensor) -> list[tuple[int, float, list[tuple[int, float]]]]:
         """One token per row; tensor work is done once for the whole batch, Python work only where needed."""
         logits = logits.float()
-        logprobs = torch.log_softmax(logits, dim=-1)  # raw model distribution, as vLLM reports it
+        # log-probabilities of the raw model distribution, as vLLM reports them: logit - logsumexp,
+        # computed for the tokens read only (a full log_softmax writes rows x vocabulary floats)
+        norm = torch.logsumexp(logits, dim=-1, keepdim=True)
         tokens = logits.argmax(dim=-1).tolist()
         for b, row in enumerate(rows):
             p = row.job.params
@@ -408,13 +416,13 @@ class Engine:
                 sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
                 probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
             tokens[b] = int(torch.multinomial(probs.cpu(), 1, generator=row.generator))
-        index = torch.tensor(tokens, device=logprobs.device)[:, None]
-        chosen = logprobs.gather(1, index)[:, 0].tolist()
+        index = torch.tensor(tokens, device=logits.device)[:, None]
+        chosen = (logits.gather(1, index) - norm)[:, 0].tolist()
         k = max((r.job.params.top_logprobs for r in rows if not r.done), default=0)
         tops: list[list[tuple[int, float]]] = [[] for _ in rows]
         if k:
-            values, indices = torch.topk(logprobs, min(k, MAX_TOP_LOGPROBS), dim=-1)
-            values, indices = values.tolist(), indices.tolist()
+            values, indices = torch.topk(logits, min(k, MAX_TOP_LOGPROBS), dim=-1)
+            values, indices = (values - norm).tolist(), indices.tolist()
             for b, row in enumerate(rows):
                 want = row.job.params.top_logprobs
                 if want and not row.done:

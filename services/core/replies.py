@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, TypeVar, cast
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .failures import FailureKind, failure_of
 from .schemas import VerifyReply, VerifyRequest
@@ -65,13 +65,25 @@ def scored_reply(request: VerifyRequest, reward: float | None = None, *,
     return _validated(model, {**echoed, **fields, **verdict})
 
 
+def _fitting(model: type[BaseModel], echoed: dict[str, Any]) -> dict[str, Any]:
+    """The echoed fields without those the reply model declares with another type: a bad row's
+    `task_name: [..]` is why it failed, and echoing it would break the reply's own schema."""
+    for name, info in model.model_fields.items():
+        if name in echoed and name not in VerifyRequest.model_fields:
+            try:
+                TypeAdapter(info.annotation or Any).validate_python(echoed[name], strict=True)
+            except ValidationError:
+                echoed.pop(name)
+    return echoed
+
+
 def failed_reply(request: VerifyRequest | Mapping[str, Any], kind: FailureKind | str, reason: str, *,
                  mask: bool = True, model: type[R] = VerifyReply, **fields: Any) -> R:  # type: ignore[assignment]
     """A request that could not be judged: reward 0, masked, with the kind and reason (a kind outside
     the vocabulary is a ValueError: a bug in the caller)."""
     verdict = {"reward": 0.0, "reward_components": None, "mask_sample": mask, "failure_kind": FailureKind(kind),
                "failure_reason": reason[:MAX_REASON_CHARS]}
-    echoed = _echo(request)
+    echoed = _fitting(model, _echo(request))
     if isinstance(request, BaseModel):
         return cast(R, model.model_construct(**{**echoed, **fields, **verdict}))
     return _validated(model, {**echoed, **fields, **verdict})

@@ -139,7 +139,7 @@ class Environment:
         except Exception as exc:  # a verifier bug must fail its own batch item, not the whole batch
             if not isinstance(exc, (GymError, WorkerFailure, TaskError)):
                 log.exception("verify raised")
-            return exception_reply(request, exc)
+            return exception_reply(request, exc, model=self.reply_model)
 
     async def checked_verify(self, request: VerifyRequest, session: Session | None) -> VerifyReply:
         """`verify` for one `/verify` call: a worker that timed out or crashed is a masked reply; a

@@ -7,6 +7,7 @@ verdict is added, so they can neither collide with it nor leak a stale `mask_sam
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Mapping, TypeVar, cast
 
@@ -65,13 +66,19 @@ def scored_reply(request: VerifyRequest, reward: float | None = None, *,
     return _validated(model, {**echoed, **fields, **verdict})
 
 
+@functools.lru_cache(maxsize=None)
+def _field_adapter(model: type[BaseModel], name: str) -> TypeAdapter[Any]:
+    """Built once per reply model and field: a batch of failing items must not rebuild validators."""
+    return TypeAdapter(model.model_fields[name].annotation or Any)
+
+
 def _fitting(model: type[BaseModel], echoed: dict[str, Any]) -> dict[str, Any]:
     """The echoed fields without those the reply model declares with another type: a bad row's
     `task_name: [..]` is why it failed, and echoing it would break the reply's own schema."""
-    for name, info in model.model_fields.items():
+    for name in model.model_fields:
         if name in echoed and name not in VerifyRequest.model_fields:
             try:
-                TypeAdapter(info.annotation or Any).validate_python(echoed[name], strict=True)
+                _field_adapter(model, name).validate_python(echoed[name], strict=True)
             except ValidationError:
                 echoed.pop(name)
     return echoed

@@ -148,7 +148,7 @@ class Environment:
         try:
             return await self.verify(request, session)
         except (WorkerFailure, TaskError) as exc:
-            return exception_reply(request, exc)
+            return exception_reply(request, exc, model=self.reply_model)
 
     def session(self, sid: str | None, *, required: bool) -> Session | None:
         self._expire_sessions()
@@ -285,7 +285,7 @@ def create_resource_app(env: Environment) -> FastAPI:
         for i, p in enumerate(parsed):
             if p is None:
                 raw = items[i] if isinstance(items[i], dict) else {"item": items[i]}
-                out.append(count(failed_reply(raw, FailureKind.BAD_REQUEST, errors[i])).dump())
+                out.append(count(failed_reply(raw, FailureKind.BAD_REQUEST, errors[i], model=env.reply_model)).dump())
             else:
                 out.append(count(next(results)).dump())
         return JSONResponse(out)

@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import jsonschema
 import pytest
 
 from .servers import ENVIRONMENTS, examples, verify_body_for
@@ -71,3 +72,22 @@ def test_lone_surrogate_is_a_400_naming_the_field(env_servers, env):
     reply = server.post("/verify", content=raw, headers={"content-type": "application/json"})
     assert reply.status_code == 400, reply.text
     assert "response.output[0].id" in reply.json()["detail"]
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_a_malformed_batch_item_still_matches_the_reply_schema(env_servers, env):
+    """An item that fails parsing is echoed back as a masked bad_request; the echo must not carry
+    its own mistyped values of fields the environment's reply declares (schemathesis found
+    reasoning_gym echoing `task_name: [..]` into a reply whose schema says string)."""
+    server = env_servers[env]
+    spec = server.get("/openapi.json").json()
+    reply_ref = spec["paths"]["/verify"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+    reply_schema = {**reply_ref, "components": spec["components"]}
+    declared = spec["components"]["schemas"][reply_ref["$ref"].rsplit("/", 1)[-1]]["properties"]
+    item = {name: [{}, {"x": False}] for name in declared}
+    item["response"] = 5  # fails parsing: the whole item is a bad_request
+    reply = server.post("/verify/batch", json=[item])
+    assert reply.status_code == 200, reply.text
+    [out] = reply.json()
+    assert out["mask_sample"] is True and out["failure_kind"] == "bad_request", out
+    jsonschema.validate(out, reply_schema)

@@ -25,7 +25,8 @@ class ServerProcess:
     """
 
     def __init__(self, kind: str, *overrides: str, name: str | None = None, port: int | None = None,
-                 env: dict[str, str] | None = None, ready_timeout_s: float = 120.0, keep_log: bool = False) -> None:
+                 env: dict[str, str] | None = None, ready_timeout_s: float = 120.0, keep_log: bool = False,
+                 cwd: str | Path | None = None) -> None:
         self.kind = kind
         self.name = name or kind.rsplit("/", 1)[-1]
         self.port = port or free_port()
@@ -34,6 +35,7 @@ class ServerProcess:
         self.env = {**os.environ, **(env or {})}
         self.env.setdefault("PYTHONUNBUFFERED", "1")
         self.ready_timeout_s = ready_timeout_s
+        self.cwd = cwd  # another checkout here runs that checkout's code (`python -m` imports from the cwd)
         self._logfile = tempfile.NamedTemporaryFile("w+", prefix=f"gymserve-{self.name}-", suffix=".log",
                                                     delete=False)
         self.keep_log = keep_log  # False: the log file is removed once the server is stopped (log() still reads it)
@@ -50,7 +52,7 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "gymserve", "serve", self.kind, "--port", str(self.port), "--name", self.name,
                *self.overrides]
         self.proc = subprocess.Popen(cmd, stdout=self._logfile, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
+                                     cwd=self.cwd, start_new_session=True)
         return self
 
     def wait_ready(self) -> None:

@@ -35,7 +35,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
 from .failures import FailureKind
@@ -176,7 +175,7 @@ class _Outbox:
         fixed = []  # some result cannot be pickled: find it, report it as the item's error
         for item_id, ok, value in replies:
             try:
-                ForkingPickler.dumps(value)
+                _dumps(value)
                 fixed.append((item_id, ok, value))
             except Exception as exc:
                 fixed.append((item_id, False, (type(exc).__name__, f"result could not be sent: {exc}"[:2000])))
@@ -186,22 +185,39 @@ class _Outbox:
 # --------------------------------------------------------------------------- #
 # Parent side
 # --------------------------------------------------------------------------- #
-@contextlib.contextmanager
-def _blocking(conn: Connection) -> Any:
-    """Blocking mode for one send/recv: event loops such as uvloop make watched fds non-blocking,
-    and then a message larger than the socket buffer fails with EAGAIN halfway."""
-    fd = conn.fileno()
-    was_blocking = os.get_blocking(fd)
-    if not was_blocking:
-        os.set_blocking(fd, True)
+def _dumps(obj: Any) -> bytes:
+    """Plain pickle: `multiprocessing`'s ForkingPickler costs more per call, and items carry no fds."""
+    return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+
+
+_FRAME = struct.Struct("!i")
+_BIG_FRAME = struct.Struct("!iQ")
+
+
+def _write_frame(fd: int, data: bytes) -> None:
+    """`data` as one `multiprocessing.Connection` frame on the parent's non-blocking end.
+
+    Written at once when the socket buffer has room (the usual case: no mode switches, one
+    syscall); the rest of a message larger than the free space is written in blocking mode,
+    draining as the worker reads. Event loops such as uvloop keep watched fds non-blocking.
+    """
+    header = _FRAME.pack(len(data)) if len(data) <= 0x7FFFFFFF else _BIG_FRAME.pack(-1, len(data))
     try:
-        yield
+        sent = os.writev(fd, [header, data])
+    except (BlockingIOError, InterruptedError):
+        sent = 0
+    if sent == len(header) + len(data):
+        return
+    rest = memoryview(header + data)[sent:] if sent < len(header) else memoryview(data)[sent - len(header):]
+    os.set_blocking(fd, True)
+    try:
+        while rest:
+            rest = rest[os.write(fd, rest):]
     finally:
-        if not was_blocking:
-            os.set_blocking(fd, False)
+        os.set_blocking(fd, False)
 
 
-_READ_CHUNK = 1 << 20
+_READ_CHUNK = 1 << 16  # a larger read buffer costs an mmap per read
 # a batch for a worker that is still busy must fit in the socket buffer: a blocking send of
 # more would stall the event loop until that worker finished its current item
 _PIPELINE_MAX_BYTES = 64 * 1024
@@ -399,7 +415,7 @@ class WorkerPool:
                 os.close(progress_fd)
         parent_conn = Connection(ours.detach())
         parent_conn.send((self.initializer, self.initargs))
-        os.set_blocking(parent_conn.fileno(), False)  # reads take what is there; sends switch to blocking
+        os.set_blocking(parent_conn.fileno(), False)  # reads take what is there; see _write_frame
         worker = _Worker(process=process, conn=parent_conn, progress=progress)
         self._workers.append(worker)
         assert self._loop is not None
@@ -565,19 +581,19 @@ class WorkerPool:
     def _encode(self, batch: list[_Item]) -> tuple[bytes | None, list[_Item]]:
         """Pickle a batch; an item that cannot be pickled fails alone (TaskError), the rest go."""
         try:
-            return bytes(ForkingPickler.dumps([(i.id, i.fn, i.args, i.kwargs) for i in batch])), batch
+            return _dumps([(i.id, i.fn, i.args, i.kwargs) for i in batch]), batch
         except Exception:
             good = []
             for item in batch:
                 try:
-                    ForkingPickler.dumps((item.id, item.fn, item.args, item.kwargs))
+                    _dumps((item.id, item.fn, item.args, item.kwargs))
                     good.append(item)
                 except Exception as exc:
                     if not item.future.done():
                         item.future.set_exception(TaskError(type(exc).__name__, f"item could not be sent: {exc}"))
             if not good:
                 return None, []
-            return bytes(ForkingPickler.dumps([(i.id, i.fn, i.args, i.kwargs) for i in good])), good
+            return _dumps([(i.id, i.fn, i.args, i.kwargs) for i in good]), good
 
     def _send(self, worker: _Worker, batch: list[_Item], *, pipelined: bool) -> None:
         data, batch = self._encode(batch)
@@ -587,8 +603,7 @@ class WorkerPool:
             self._pending.extendleft(reversed(batch))  # too big to queue behind a busy worker
             return
         try:
-            with _blocking(worker.conn):  # a large batch to an idle worker drains as it reads
-                worker.conn.send_bytes(data)
+            _write_frame(worker.conn.fileno(), data)
         except OSError:
             self._pending.extendleft(reversed(batch))  # the watchdog notices the dead worker
             return

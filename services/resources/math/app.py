@@ -8,7 +8,7 @@ pathological expression keeps busy past it.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from fastapi import FastAPI
 from pydantic import Field
@@ -22,7 +22,8 @@ from services.core.schemas import VerifyReply, VerifyRequest
 
 from . import checker
 
-ANSWER_FORMATS = ("expression", "number")
+AnswerFormat = Literal["expression", "number"]
+ANSWER_FORMATS: tuple[str, ...] = get_args(AnswerFormat)
 
 
 class Config(ResourceConfig):
@@ -96,7 +97,7 @@ class MathReply(VerifyReply):
 class MathRequest(VerifyRequest):
     expected_answer: str | int | float | None = Field(None, description="the reference answer (or ground_truth)")
     ground_truth: str | int | float | None = Field(None, description="NeMo RL's name for expected_answer")
-    answer_format: Literal["expression", "number"] = Field(
+    answer_format: AnswerFormat = Field(
         "expression", description="expression: any answer math-verify finds equal (NeMo RL's behaviour); "
                                   "number: the answer must be written as a number")
 
@@ -148,11 +149,10 @@ class MathEnvironment(Environment):
         if self.pool is None:
             return await super().verify_many(requests)
         replies: list[VerifyReply | None] = [None] * len(requests)
-        work: list[tuple[int, str]] = []
+        work: list[tuple[int, str, bool]] = []
         for i, request in enumerate(requests):
-            try:
-                number_only(request)  # a bad answer_format fails this item alone
-                work.append((i, balanced_braces(expected_answer(request))))
+            try:  # a bad expected_answer or answer_format fails this item alone
+                work.append((i, balanced_braces(expected_answer(request)), number_only(request)))
             except BadRequest as exc:
                 replies[i] = exception_reply(request, exc, model=MathReply)
         if self.config.batch_chunk == 1:
@@ -163,11 +163,11 @@ class MathEnvironment(Environment):
         await asyncio.gather(*(self._run_chunk(requests, chunk, replies) for chunk in chunks))
         return [r for r in replies if r is not None]
 
-    async def _run_chunk(self, requests: list[VerifyRequest], chunk: list[tuple[int, str]],
+    async def _run_chunk(self, requests: list[VerifyRequest], chunk: list[tuple[int, str, bool]],
                          replies: list[VerifyReply | None]) -> None:
         """One pool call for the chunk; if it fails (a pathological item), each item runs alone."""
         timeout_s = self.config.math_verify_timeout_s
-        args = [(requests[i].text(), expected, number_only(requests[i])) for i, expected in chunk]
+        args = [(requests[i].text(), expected, number) for i, expected, number in chunk]
         try:
             # room for one slow item; a chunk stuck longer is re-run item by item below
             outcomes = await self.in_pool(checker.score_many, args, timeout_s,
@@ -175,17 +175,17 @@ class MathEnvironment(Environment):
         except (WorkerFailure, TaskError):
             await self._run_each(requests, chunk, replies)
             return
-        for (i, expected), outcome in zip(chunk, outcomes):
+        for (i, expected, _), outcome in zip(chunk, outcomes):
             replies[i] = self._safe_reply(requests[i], expected, outcome)
 
-    async def _run_each(self, requests: list[VerifyRequest], work: list[tuple[int, str]],
+    async def _run_each(self, requests: list[VerifyRequest], work: list[tuple[int, str, bool]],
                         replies: list[VerifyReply | None]) -> None:
         """One pool item per request through `pool.map`: each has its own deadline."""
         assert self.pool is not None
         timeout_s = self.config.math_verify_timeout_s
-        outcomes = await self.pool.map(checker.score, [(requests[i].text(), expected, timeout_s,
-                                                        number_only(requests[i])) for i, expected in work])
-        for (i, expected), outcome in zip(work, outcomes):
+        outcomes = await self.pool.map(checker.score, [(requests[i].text(), expected, timeout_s, number)
+                                                       for i, expected, number in work])
+        for (i, expected, _), outcome in zip(work, outcomes):
             if isinstance(outcome, BaseException):
                 replies[i] = self.failure(requests[i], outcome)
             else:

@@ -11,6 +11,7 @@ COMMANDS = {
     "up": "start the head and every server of a stack, restart crashed ones, stop all on Ctrl-C",
     "serve": "run one server in the foreground (what a container runs)",
     "status": "servers, health and throughput from the head",
+    "dashboard": "open the head's dashboard in a browser when the head requires GYMSERVE_API_KEY",
     "prepare": "validate, convert, stamp agent_ref, blend and split datasets",
     "collect": "send rows to their agents and write rollouts, failures and metrics",
     "train": "GRPO/GDPO training with TRL's GRPOTrainer using gymserve rollouts",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 from typing import Any
 
@@ -56,21 +57,33 @@ def run(args: argparse.Namespace) -> int:
     def on_record(record: dict, stats: Any) -> None:
         progress.update(task_id, completed=stats.done + stats.skipped, stats=_stats_text(stats))
 
-    interrupted = False
+    terminated = False
+
     async def collect_and_close() -> Any:
+        # SIGTERM (kill, `docker stop`, a batch scheduler) stops like Ctrl-C: the run is cancelled,
+        # finished rollouts stay as whole lines
+        task = asyncio.current_task()
+        assert task is not None
+
+        def terminate() -> None:
+            nonlocal terminated
+            terminated = True
+            task.cancel()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
         async with client:
             return await collect(rows, args.output, client=client, repeats=args.repeats, resume=args.resume,
                                  on_record=on_record)
 
+    stats = None
     with progress:
         try:
             stats = asyncio.run(collect_and_close())
-        except KeyboardInterrupt:
-            interrupted = True
-            stats = None
-    if interrupted or stats is None:
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            pass
+    if stats is None:
         console.print(f"interrupted: finished rollouts are in {args.output}; run again with --resume to go on")
-        return 130
+        return 128 + signal.SIGTERM if terminated else 130
     print(f"{stats.done} rollouts ({stats.failed} failed, {stats.skipped} already done) in "
           f"{stats.rate():.2f} rollouts/s -> {args.output}; failures: {sibling(args.output, '_failures.jsonl')}; "
           f"metrics: {sibling(args.output, '_metrics.json')}; report: {sibling(args.output, '_report.html')}",

@@ -117,7 +117,8 @@ async def test_re_resolves_an_agent_that_moved(stack):
     assert record["reward"] == 1.0, record.get("failure_reason")
 
 
-def test_cli_collect_and_ctrl_c_leaves_whole_lines(stack, tmp_path):
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl_c", "sigterm"])
+def test_cli_collect_stopped_by_a_signal_leaves_whole_lines(stack, tmp_path, sig, code):
     head, _ = stack
     rows_path = tmp_path / "rows.jsonl"
     rows = [_row("Capital of France?", "Paris")] * 2 + \
@@ -127,13 +128,16 @@ def test_cli_collect_and_ctrl_c_leaves_whole_lines(stack, tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "gymserve", "collect", "-i", str(rows_path), "-o", str(out),
                              "--head", head.url, "--concurrency", "4"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            # as from a terminal: a background job's shell (e.g. CI under `cmd &`) passes
+                            # SIGINT down as ignored, and Python keeps it ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 2):
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     output = proc.communicate(timeout=30)[0].decode()
-    assert proc.returncode == 130, output
+    assert proc.returncode == code, output
     finished = _lines(out)
     assert len(finished) == 2 and all(r["reward"] == 1.0 for r in finished)
     assert "resume" in output

@@ -1,7 +1,8 @@
 """The one way to build a `/verify` reply: the request echoed back plus a fresh verdict.
 
 Every environment answers through `scored_reply` or `failed_reply` (and `exception_reply`,
-the one place an exception becomes a masked failure). A request may carry the verdict of an
+the one place an exception becomes a masked failure); the server passes every reply through
+`conform` to the environment's reply model. A request may carry the verdict of an
 earlier verify (re-verifying a collected rollout): those fields are dropped before the new
 verdict is added, so they can neither collide with it nor leak a stale `mask_sample`.
 """
@@ -72,16 +73,24 @@ def _field_adapter(model: type[BaseModel], name: str) -> TypeAdapter[Any]:
     return TypeAdapter(model.model_fields[name].annotation or Any)
 
 
-def _fitting(model: type[BaseModel], echoed: dict[str, Any]) -> dict[str, Any]:
-    """The echoed fields without those the reply model declares with another type: a bad row's
-    `task_name: [..]` is why it failed, and echoing it would break the reply's own schema."""
+def conform(reply: VerifyReply, model: type[R]) -> R:
+    """`reply` as the environment's reply model, whichever builder made it, without the fields that
+    model declares holding a value of another type. Such a value was echoed from the request (a bad
+    row's `task_name: [..]`, an extra named like a verdict detail) and would break the reply's schema.
+    The server applies it to every reply, so environments need not pass `model=` to the builders."""
+    fields = {**reply.__dict__, **(reply.model_extra or {})}
+    dropped = False
     for name in model.model_fields:
-        if name in echoed and name not in VerifyRequest.model_fields:
-            try:
-                _field_adapter(model, name).validate_python(echoed[name], strict=True)
-            except ValidationError:
-                echoed.pop(name)
-    return echoed
+        if name in VerifyReply.model_fields or fields.get(name) is None:
+            continue  # the shared fields are typed by the builders; None is every optional's default
+        try:
+            _field_adapter(model, name).validate_python(fields[name], strict=True)
+        except ValidationError:
+            del fields[name]
+            dropped = True
+    if type(reply) is model and not dropped:
+        return cast(R, reply)
+    return cast(R, model.model_construct(**fields))
 
 
 def failed_reply(request: VerifyRequest | Mapping[str, Any], kind: FailureKind | str, reason: str, *,
@@ -90,7 +99,7 @@ def failed_reply(request: VerifyRequest | Mapping[str, Any], kind: FailureKind |
     the vocabulary is a ValueError: a bug in the caller)."""
     verdict = {"reward": 0.0, "reward_components": None, "mask_sample": mask, "failure_kind": FailureKind(kind),
                "failure_reason": reason[:MAX_REASON_CHARS]}
-    echoed = _fitting(model, _echo(request))
+    echoed = _echo(request)
     if isinstance(request, BaseModel):
         return cast(R, model.model_construct(**{**echoed, **fields, **verdict}))
     return _validated(model, {**echoed, **fields, **verdict})

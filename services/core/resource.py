@@ -25,7 +25,7 @@ from .failures import FailureKind
 from .metrics_agg import aggregate_metrics
 from .openapi import SESSION_HEADER, describe, list_of
 from .pool import TaskError, WorkerFailure, WorkerPool
-from .replies import exception_reply, failed_reply
+from .replies import conform, exception_reply, failed_reply
 from .schemas import (AggregateRequest, CloseSessionReply, CloseSessionRequest, SeedSessionReply,
                       VerifyReply, VerifyRequest, example_verify_body)
 
@@ -139,7 +139,7 @@ class Environment:
         except Exception as exc:  # a verifier bug must fail its own batch item, not the whole batch
             if not isinstance(exc, (GymError, WorkerFailure, TaskError)):
                 log.exception("verify raised")
-            return exception_reply(request, exc, model=self.reply_model)
+            return exception_reply(request, exc)
 
     async def checked_verify(self, request: VerifyRequest, session: Session | None) -> VerifyReply:
         """`verify` for one `/verify` call: a worker that timed out or crashed is a masked reply; a
@@ -148,7 +148,7 @@ class Environment:
         try:
             return await self.verify(request, session)
         except (WorkerFailure, TaskError) as exc:
-            return exception_reply(request, exc, model=self.reply_model)
+            return exception_reply(request, exc)
 
     def session(self, sid: str | None, *, required: bool) -> Session | None:
         self._expire_sessions()
@@ -211,7 +211,9 @@ def create_resource_app(env: Environment) -> FastAPI:
     app.state.env = env
 
     def count(reply: VerifyReply) -> VerifyReply:
-        """Every verify reply passes here: masked ones count by failure kind, judged ones by reward."""
+        """Every verify reply passes here: conformed to the environment's reply model; masked ones
+        count by failure kind, judged ones by reward."""
+        reply = conform(reply, env.reply_model)
         metrics.failure(reply.failure_kind)
         if not reply.mask_sample:
             metrics.reward(reply.reward)
@@ -285,7 +287,7 @@ def create_resource_app(env: Environment) -> FastAPI:
         for i, p in enumerate(parsed):
             if p is None:
                 raw = items[i] if isinstance(items[i], dict) else {"item": items[i]}
-                out.append(count(failed_reply(raw, FailureKind.BAD_REQUEST, errors[i], model=env.reply_model)).dump())
+                out.append(count(failed_reply(raw, FailureKind.BAD_REQUEST, errors[i])).dump())
             else:
                 out.append(count(next(results)).dump())
         return JSONResponse(out)

@@ -74,20 +74,48 @@ def test_lone_surrogate_is_a_400_naming_the_field(env_servers, env):
     assert "response.output[0].id" in reply.json()["detail"]
 
 
+def _reply_schema(server) -> tuple[dict, dict, dict]:
+    """(the /verify reply schema, its declared properties, the request's declared properties)."""
+    spec = server.get("/openapi.json").json()
+    post = spec["paths"]["/verify"]["post"]
+    reply_ref = post["responses"]["200"]["content"]["application/json"]["schema"]
+    request_ref = post["requestBody"]["content"]["application/json"]["schema"]
+    schemas = spec["components"]["schemas"]
+    return ({**reply_ref, "components": spec["components"]},
+            schemas[reply_ref["$ref"].rsplit("/", 1)[-1]]["properties"],
+            schemas[request_ref["$ref"].rsplit("/", 1)[-1]]["properties"])
+
+
+MISTYPED = [{}, {"x": False}]
+
+
 @pytest.mark.parametrize("env", ENVS)
 def test_a_malformed_batch_item_still_matches_the_reply_schema(env_servers, env):
     """An item that fails parsing is echoed back as a masked bad_request; the echo must not carry
     its own mistyped values of fields the environment's reply declares (schemathesis found
     reasoning_gym echoing `task_name: [..]` into a reply whose schema says string)."""
     server = env_servers[env]
-    spec = server.get("/openapi.json").json()
-    reply_ref = spec["paths"]["/verify"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
-    reply_schema = {**reply_ref, "components": spec["components"]}
-    declared = spec["components"]["schemas"][reply_ref["$ref"].rsplit("/", 1)[-1]]["properties"]
-    item = {name: [{}, {"x": False}] for name in declared}
+    reply_schema, declared, _ = _reply_schema(server)
+    item = {name: MISTYPED for name in declared}
     item["response"] = 5  # fails parsing: the whole item is a bad_request
     reply = server.post("/verify/batch", json=[item])
     assert reply.status_code == 200, reply.text
     [out] = reply.json()
     assert out["mask_sample"] is True and out["failure_kind"] == "bad_request", out
     jsonschema.validate(out, reply_schema)
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_extra_request_fields_never_break_the_reply_schema(env_servers, env):
+    """A valid row may carry any extra field, and extras are echoed; one named like a field only the
+    reply declares (a verdict detail such as `extracted_answer`) but holding another type must not
+    come back in the reply, whichever way the environment built it (scored or failed)."""
+    server = env_servers[env]
+    reply_schema, declared, request_fields = _reply_schema(server)
+    extras = {name: MISTYPED for name in declared if name not in request_fields}
+    body = {**verify_body_for(env, examples(env)[0]), **extras}
+    for path, payload in (("/verify", body), ("/verify/batch", [body])):
+        reply = server.post(path, json=payload)
+        assert reply.status_code == 200, reply.text
+        out = reply.json() if path == "/verify" else reply.json()[0]
+        jsonschema.validate(out, reply_schema)

@@ -7,9 +7,12 @@ servers started elsewhere registering themselves through `POST /register`.
 """
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
+import os
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from fastapi import FastAPI, Request
@@ -22,10 +25,12 @@ from services.core.config import (DEFAULT_HEAD_PORT, ConfigError, ServerConfig, 
 from services.core.errors import BadRequest, NotFound
 from services.core.hosts import connect_host, connect_url
 from services.core.openapi import describe, list_of
+from services.core.registration import STACK_TOKEN_ENV, STACK_TOKEN_HEADER
 
 from . import dashboard
 from .health import HealthMonitor
 from .proxy import Proxy
+from . import registration_rules as rules
 from .registry import Registration, Registry
 from .schemas import HealthReport, Registered, ServerInstance, Unregistered, UnregisterRequest
 from .training import TrainingLog, TrainingStep
@@ -47,6 +52,9 @@ class Config(ServerConfig):
     proxy_read_timeout_s: float = Field(600.0, gt=0, description="longest silence the proxy waits for")
     # the head only forwards (each server queues its own work): it lets more requests through at once
     max_concurrent_requests: int = Field(1024, gt=0, description="requests handled at once; more wait in order")
+    allowed_hosts: list[str] = Field(default_factory=rules.allowed_hosts,
+                                     description="hosts (names, IPs, CIDRs) a registered server may live on")
+    max_registered: int = Field(256, gt=0, description="servers registered beyond the stack; more get 429")
 
     @field_validator("stack_files", mode="before")
     @classmethod
@@ -85,7 +93,8 @@ def global_config(config: Config, stack: Stack, registry: Registry) -> dict[str,
 def build(config: Config) -> FastAPI:
     stack = resolve_stack(config)
     config = config.model_copy(update={"head_url": None})  # the head does not register with itself
-    registry = Registry(stack)
+    registry = Registry(stack, stack_token=os.environ.get(STACK_TOKEN_ENV) or None,
+                        max_registered=config.max_registered)
     proxy = Proxy(registry.get, connect_timeout_s=config.proxy_connect_timeout_s,
                   read_timeout_s=config.proxy_read_timeout_s)
     monitor = HealthMonitor(registry.instances, interval_s=config.health_interval_s,
@@ -101,6 +110,10 @@ def build(config: Config) -> FastAPI:
     @app.post("/register", **describe(body=Registration, reply=Registered, errors=(422,),
                                       summary="A server announces itself (and heartbeats)"))
     async def register(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if len(raw) > rules.MAX_REGISTRATION_BYTES:
+            raise BadRequest(f"body: a registration of {len(raw)} bytes; at most {rules.MAX_REGISTRATION_BYTES}",
+                             status_code=413)
         body = await read_json(request)
         if not isinstance(body, dict):
             raise BadRequest("registration must be a JSON object with name, host and port")
@@ -108,16 +121,28 @@ def build(config: Config) -> FastAPI:
             reg = Registration.model_validate(body)
         except ValidationError as exc:
             raise BadRequest(f"invalid registration: {describe_validation_error(exc)}", status_code=422) from None
-        inst = registry.register(reg)
-        return {"status": "registered", "name": inst.name, "url": inst.url, "ttl_s": reg.ttl_s}
+        rules.check_extras(reg.model_extra or {})
+        token = request.headers.get(STACK_TOKEN_HEADER)
+        static = registry.get(reg.name)
+        if not (static is not None and static.static and token):  # the stack's own launcher is trusted
+            where = {"host": (reg.host, reg.port)}
+            if reg.url:
+                parts = urlsplit(reg.url)
+                where["url"] = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+            for field, (host, port) in where.items():
+                await asyncio.to_thread(rules.check_address, field, host, port, rules=config.allowed_hosts,
+                                        head_port=config.port, head_names={config.name.lower(), "head"})
+        inst = registry.register(reg, stack_token=token)
+        return {"status": "registered", "name": inst.name, "url": inst.url, "ttl_s": reg.ttl_s, "lease": inst.lease}
 
-    @app.post("/unregister", **describe(body=UnregisterRequest, reply=Unregistered, errors=(404,)))
+    @app.post("/unregister", **describe(body=UnregisterRequest, reply=Unregistered, errors=(403, 404)))
     async def unregister(request: Request) -> dict[str, Any]:
         body = await read_json(request)
         name = body.get("name") if isinstance(body, dict) else None
         if not isinstance(name, str) or not name:
-            raise BadRequest("expected {\"name\": \"<instance>\"}")
-        if not registry.unregister(name):
+            raise BadRequest("expected {\"name\": \"<instance>\", \"lease\": \"<lease>\"}")
+        lease = body.get("lease") if isinstance(body.get("lease"), str) else None
+        if not registry.unregister(name, lease=lease, stack_token=request.headers.get(STACK_TOKEN_HEADER)):
             raise NotFound(f"no server named {name!r} is registered")
         return {"status": "unregistered", "name": name}
 

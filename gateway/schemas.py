@@ -30,10 +30,12 @@ class Registered(_Open):
     name: str
     url: str
     ttl_s: float | None = None
+    lease: str | None = Field(None, description="send it with every heartbeat and with POST /unregister")
 
 
 class UnregisterRequest(_Open):
     name: str
+    lease: str | None = Field(None, description="the lease POST /register returned")
 
 
 class Unregistered(_Open):

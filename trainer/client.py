@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
+from services.core.auth import adopt_default_key
 from services.core.client import ServiceClient
 from services.core.directory import Directory
 from services.core.errors import UpstreamError
@@ -71,6 +72,7 @@ class RolloutClient:
     def __init__(self, head_url: str | None = None, *, agents: dict[str, str] | None = None,
                  concurrency: int = 32, deadline_s: float = 900.0, retries: int = 2,
                  client: ServiceClient | None = None) -> None:
+        adopt_default_key()  # the key `gymserve up` generated, when none is given
         # its own pool sized to the concurrency: no more connections than rollouts in flight
         self._owns_client = client is None
         self.client = client or ServiceClient(max_connections=max(8, int(concurrency) + 4))

@@ -1,4 +1,9 @@
-"""Self-registration with the head (`POST /register`), repeated as a heartbeat."""
+"""Self-registration with the head (`POST /register`), repeated as a heartbeat.
+
+The first registration returns a lease that every heartbeat sends back: the name stays ours
+until our heartbeat runs out. A server started by `gymserve up` also sends the stack token
+(GYMSERVE_STACK_TOKEN), which lets it keep its stack entry current.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -6,6 +11,7 @@ import logging
 import os
 import socket
 
+from .auth import trust
 from .client import shared_client
 from .config import ServerConfig
 from .hosts import ANY_ADDRESSES
@@ -36,9 +42,24 @@ def registration_body(config: ServerConfig, server_type: str) -> dict:
     }
 
 
-async def register(head_url: str, body: dict) -> None:
-    """One `POST /register`; raises when the head cannot be reached (it may start after us)."""
-    await shared_client().post_json(f"{head_url.rstrip('/')}/register", body, deadline_s=5.0, retries=0)
+STACK_TOKEN_ENV = "GYMSERVE_STACK_TOKEN"
+STACK_TOKEN_HEADER = "X-Gymserve-Stack-Token"
+
+
+def stack_headers() -> dict[str, str]:
+    token = os.environ.get(STACK_TOKEN_ENV)
+    return {STACK_TOKEN_HEADER: token} if token else {}
+
+
+async def register(head_url: str, body: dict) -> dict:
+    """One `POST /register` (the body's `lease` is updated from the reply); raises when the head cannot
+    be reached (it may start after us) or refuses."""
+    trust(head_url)
+    reply = await shared_client().post_json(f"{head_url.rstrip('/')}/register", body, deadline_s=5.0, retries=0,
+                                            headers=stack_headers())
+    if isinstance(reply, dict) and isinstance(reply.get("lease"), str):
+        body["lease"] = reply["lease"]
+    return reply if isinstance(reply, dict) else {}
 
 
 async def heartbeat_loop(config: ServerConfig, server_type: str) -> None:

@@ -19,6 +19,8 @@ import pytest
 from tests.integration.up_helpers import Up
 
 ROOT = Path(__file__).resolve().parents[2]
+KEY = "agents-e2e-key-3b9d"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def rows(env: str, n: int) -> list[dict]:
@@ -29,7 +31,7 @@ def rows(env: str, n: int) -> list[dict]:
 def start(tmp_path: Path, stack: str, servers: int, timeout_s: float) -> Up:
     path = tmp_path / "stack.yaml"
     path.write_text(stack)
-    up = Up("-c", str(path))
+    up = Up("-c", str(path), env={"GYMSERVE_API_KEY": KEY})
     try:
         up.wait_for(rf"all {servers} servers ready", timeout_s=timeout_s)
         up.head = up.wait_for(r"head on (http://\S+)").group(1)
@@ -41,7 +43,7 @@ def start(tmp_path: Path, stack: str, servers: int, timeout_s: float) -> Up:
 
 def run_via_head(head: str, row: dict, timeout_s: float = 600.0) -> dict:
     agent = row["agent_ref"]["name"]
-    response = httpx.post(f"{head}/servers/{agent}/run", json=row, timeout=timeout_s)
+    response = httpx.post(f"{head}/servers/{agent}/run", json=row, headers=AUTH, timeout=timeout_s)
     assert response.status_code == 200, response.text[:2000]
     return response.json()
 

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from services.core.app import create_app, read_json, session_id
 from services.core.config import ServerConfig
-from services.core.errors import BadRequest, Unavailable
+from services.core.errors import BadRequest, GymError, Unavailable
 from services.core.openapi import SESSION_HEADER, describe
 from services.core.schemas import ResponseObject
 
@@ -46,8 +46,9 @@ class Config(ServerConfig):
                               "or a 400 worded like vLLM's")
     training_mode: bool = Field(True, description="attach token IDs and logprobs to each call's last output item")
     session_cache_size: int = Field(4096, ge=0, description="sessions whose last turn is kept for token continuity")
-    accept_weights: bool = Field(True, description="accept POST /v1/weights from a trainer on this host "
-                                                   "(safetensors file path + version) for on-policy training")
+    accept_weights: bool = Field(False, description="accept POST /v1/weights from a trainer on this host "
+                                                    "(safetensors file path + version) for on-policy training; "
+                                                    "off by default, set by training stacks")
     torch_threads: int = Field(default_factory=default_threads, ge=1,
                                description="torch CPU threads (default: GYMSERVE_TORCH_THREADS, else half the cores)")
 
@@ -86,7 +87,8 @@ def build(config: Config) -> FastAPI:
     async def update_weights(request: Request) -> dict[str, Any]:
         """A trainer on this host hands over new weights as a safetensors file path (see weights.py)."""
         if not config.accept_weights:
-            raise BadRequest("this server does not accept weight updates (accept_weights=false)")
+            raise GymError("weight updates are off on this server (start it with accept_weights=true: "
+                           "training stacks set it)", status_code=403)
         if not model.ready:
             raise Unavailable("the model is still loading")
         update: WeightsUpdate = oa.parse_request(WeightsUpdate, await read_json(request))

@@ -30,8 +30,11 @@ class WeightsUpdate(BaseModel):
 
 
 def read_tensors(path: str) -> dict[str, Any]:
-    """The tensors of a safetensors file; a 400 naming `path` when it cannot be read."""
-    from safetensors.torch import load_file
+    """The tensors of a safetensors file, as a private copy; a 400 naming `path` when it cannot be read.
+
+    The file is read into memory whole and parsed from there (never memory-mapped): a file
+    truncated or rewritten while we use it cannot fault the server (SIGBUS on a lazy mapping)."""
+    from safetensors.torch import load
 
     file = Path(path)
     if file.suffix != ".safetensors":
@@ -39,7 +42,7 @@ def read_tensors(path: str) -> dict[str, Any]:
     if not file.is_file():
         raise BadRequest(f"path: no such file {path}")
     try:
-        return load_file(str(file))
+        return load(file.read_bytes())
     except Exception as exc:  # a truncated or foreign file
         raise BadRequest(f"path: not a readable safetensors file ({type(exc).__name__}: {exc})") from None
 

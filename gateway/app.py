@@ -107,7 +107,7 @@ def build(config: Config) -> FastAPI:
     app.state.registry = registry
     training = TrainingLog()
 
-    @app.post("/register", **describe(body=Registration, reply=Registered, errors=(422,),
+    @app.post("/register", **describe(body=Registration, reply=Registered, errors=(403, 409, 422, 429),
                                       summary="A server announces itself (and heartbeats)"))
     async def register(request: Request) -> dict[str, Any]:
         raw = await request.body()
@@ -252,7 +252,7 @@ def build(config: Config) -> FastAPI:
                           operation_id=f"proxy_{method.lower()}", **describe(
                               body={"description": "passed on unchanged"} if method in ("POST", "PUT", "PATCH") else None,
                               body_required=False, reply={"description": "the server's own reply"},
-                              errors=(404, 422, 502, 504), passes_4xx=True,
+                              errors=(404, 422, 502, 504, 508), passes_4xx=True,
                               summary="Reverse proxy to a registered server"))
 
     async def resolve_url(name: str) -> str:

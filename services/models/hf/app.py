@@ -83,7 +83,7 @@ def build(config: Config) -> FastAPI:
         return {"model": model.served_name, "weights_version": model.weights_version, **counters}
 
     @app.post("/v1/weights", **describe(body=WeightsUpdate, reply={"type": "object", "properties": {
-        "weights_version": {}, "seconds": {"type": "number"}}}, errors=(503,)))
+        "weights_version": {}, "seconds": {"type": "number"}}}, errors=(403, 409, 503)))
     async def update_weights(request: Request) -> dict[str, Any]:
         """A trainer on this host hands over new weights as a safetensors file path (see weights.py)."""
         if not config.accept_weights:

@@ -2,7 +2,7 @@
 
 With no key given, `gymserve up` generates one into GYMSERVE_API_KEY_FILE: here a file in a
 temporary folder of the test's own (removed when the stack is stopped), never the user's default
-key file; `Up.auth` is the header to send.
+key file, unless the test passes GYMSERVE_API_KEY_FILE itself; `Up.auth` is the header to send.
 """
 from __future__ import annotations
 
@@ -20,12 +20,18 @@ from pathlib import Path
 STACK = Path(__file__).parent / "stacks" / "head_test.yaml"
 
 
+def default_key_file(env: dict[str, str]) -> Path:
+    """Where `gymserve up` with `env` writes a generated key when GYMSERVE_API_KEY_FILE is empty."""
+    base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME", str(Path.home()))) / ".config")
+    return Path(base) / "gymserve" / "api_key"
+
+
 class Up:
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.env.pop("GYMSERVE_HEAD_URL", None)
         self._key_dir: str | None = None
-        if not self.env.get("GYMSERVE_API_KEY") and not self.env.get("GYMSERVE_API_KEY_FILE"):
+        if not self.env.get("GYMSERVE_API_KEY") and "GYMSERVE_API_KEY_FILE" not in (env or {}):
             self._key_dir = tempfile.mkdtemp(prefix="gymserve-key-")
             self.env["GYMSERVE_API_KEY_FILE"] = os.path.join(self._key_dir, "api_key")
         self.proc = subprocess.Popen([sys.executable, "-m", "gymserve", "up", *args], stdout=subprocess.PIPE,
@@ -43,7 +49,7 @@ class Up:
     def key(self) -> str | None:
         if self.env.get("GYMSERVE_API_KEY"):
             return self.env["GYMSERVE_API_KEY"]
-        path = Path(self.env.get("GYMSERVE_API_KEY_FILE", ""))
+        path = Path(self.env.get("GYMSERVE_API_KEY_FILE") or default_key_file(self.env))
         return path.read_text().strip() if path.is_file() else None
 
     @property

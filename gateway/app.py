@@ -125,10 +125,11 @@ def build(config: Config) -> FastAPI:
         token = request.headers.get(STACK_TOKEN_HEADER)
         static = registry.get(reg.name)
         if not (static is not None and static.static and token):  # the stack's own launcher is trusted
-            where = {"host": (reg.host, reg.port)}
+            where = {}
             if reg.url:
                 parts = urlsplit(reg.url)
                 where["url"] = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+            where["host"] = (reg.host, reg.port)
             for field, (host, port) in where.items():
                 await asyncio.to_thread(rules.check_address, field, host, port, rules=config.allowed_hosts,
                                         head_port=config.port, head_names={config.name.lower(), "head"})

@@ -158,15 +158,14 @@ class Proxy:
 def _target(base: str, request: Request, path: str) -> URL:
     """`base` + the request's path as the client encoded it (never decoded twice) + its query.
 
-    The raw path is `/servers/<name>/<rest>`; a `.` or `..` segment of `rest` (in any encoding)
-    is refused rather than resolved, so the target stays under `base`'s path."""
+    The raw path is `/servers/<name>/<rest>`; a segment that the upstream would read as `.` or
+    `..` (`%2e%2e` included) is refused rather than resolved, so the target stays under `base`'s
+    path. `%252e` is passed on as is: the upstream decodes it once, to a literal `%2e`."""
     raw: bytes = request.scope.get("raw_path") or request.url.path.encode()
     parts = raw.decode("latin-1").split("/", 3)  # ['', 'servers', name, rest]
     rest = parts[3] if len(parts) > 3 else ""
     for segment in rest.split("/"):
-        decoded = segment
-        for _ in range(3):  # %2e, %252e, ...: any depth of encoding counts
-            decoded = unquote(decoded)
+        decoded = unquote(segment)
         if decoded in (".", ".."):
             raise BadRequest(f"path: a {decoded!r} segment is not allowed in a proxied path ({path!r})")
     query = request.scope.get("query_string", b"").decode("latin-1")

@@ -145,9 +145,10 @@ class HFModel:
         """Load a trainer's safetensors file and swap it in between generations (see weights.py)."""
         import asyncio
 
-        from .weights import check_tensors, copy_into, read_tensors
+        from .weights import check_path, check_tensors, copy_into, read_tensors
 
         assert self.engine is not None
+        check_path(path)
         if version <= self.weights_version:
             raise Conflict(f"version: {version} is not newer than the served weights_version "
                            f"{self.weights_version}; versions only move forward")

@@ -29,6 +29,16 @@ class WeightsUpdate(BaseModel):
     version: int = Field(..., ge=0, description="the trainer's weights version (its optimizer step)")
 
 
+def check_path(path: str) -> Path:
+    """`path` names an existing .safetensors file (a 400 naming `path` otherwise)."""
+    file = Path(path)
+    if file.suffix != ".safetensors":
+        raise BadRequest("path: must name a .safetensors file")
+    if not file.is_file():
+        raise BadRequest(f"path: no such file {path}")
+    return file
+
+
 def read_tensors(path: str) -> dict[str, Any]:
     """The tensors of a safetensors file, as a private copy; a 400 naming `path` when it cannot be read.
 
@@ -36,11 +46,7 @@ def read_tensors(path: str) -> dict[str, Any]:
     truncated or rewritten while we use it cannot fault the server (SIGBUS on a lazy mapping)."""
     from safetensors.torch import load
 
-    file = Path(path)
-    if file.suffix != ".safetensors":
-        raise BadRequest("path: must name a .safetensors file")
-    if not file.is_file():
-        raise BadRequest(f"path: no such file {path}")
+    file = check_path(path)
     try:
         return load(file.read_bytes())
     except Exception as exc:  # a truncated or foreign file

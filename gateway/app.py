@@ -94,7 +94,7 @@ def build(config: Config) -> FastAPI:
     stack = resolve_stack(config)
     config = config.model_copy(update={"head_url": None})  # the head does not register with itself
     registry = Registry(stack, stack_token=os.environ.get(STACK_TOKEN_ENV) or None,
-                        max_registered=config.max_registered)
+                        max_registered=config.max_registered, trusted_hosts=rules.network_hosts())
     proxy = Proxy(registry.get, connect_timeout_s=config.proxy_connect_timeout_s,
                   read_timeout_s=config.proxy_read_timeout_s)
     monitor = HealthMonitor(registry.instances, interval_s=config.health_interval_s,

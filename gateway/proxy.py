@@ -110,7 +110,7 @@ class Proxy:
         if inst is None:
             raise NotFound(f"no server named {name!r} is registered with the head (see GET /server_instances)")
         url = _target(inst.url, request, path)
-        headers = _forward_headers(request, name, trusted=inst.static, via=self.via)
+        headers = _forward_headers(request, name, trusted=inst.trusted, via=self.via)
         length = request.headers.get("content-length")
         data: bytes | AsyncIterator[bytes] | None = None
         body: _Body | None = None

@@ -23,6 +23,13 @@ MAX_EXTRA_BYTES = 4 * 1024
 MAX_EXTRA_DEPTH = 8
 
 
+def network_hosts() -> frozenset[str]:
+    """The names in GYMSERVE_ALLOWED_HOSTS: the stack's own network (compose or k8s service names),
+    whose servers are trusted with the key. Loopback is allowed but not trusted: any local process
+    can listen there."""
+    return frozenset(h.strip().lower() for h in os.environ.get(ALLOWED_HOSTS_ENV, "").split(",") if h.strip())
+
+
 def allowed_hosts() -> list[str]:
     """The default allow-list: GYMSERVE_ALLOWED_HOSTS (comma-separated names, IPs or CIDRs), else loopback."""
     extra = [h.strip() for h in os.environ.get(ALLOWED_HOSTS_ENV, "").split(",") if h.strip()]

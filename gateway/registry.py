@@ -74,6 +74,7 @@ class Instance:
         self.registered_at: float | None = None
         self.extra: dict[str, Any] = {}
         self.lease: str | None = None
+        self.trusted = static  # the bearer key may be sent to it (a server of the stack or its network)
 
     def alive(self, now: float) -> bool:
         return self.expires is not None and now < self.expires
@@ -95,6 +96,7 @@ class Instance:
             "pid": self.pid,
             "status": self.status(now),
             "static": self.static,
+            "trusted": self.trusted,
             "heartbeat_age_s": None if self.registered_at is None else round(time.time() - self.registered_at, 3),
         }
 
@@ -111,10 +113,11 @@ def _same(given: str | None, expected: str | None) -> bool:
 
 class Registry:
     def __init__(self, stack: Stack | None = None, *, stack_token: str | None = None,
-                 max_registered: int = 256) -> None:
+                 max_registered: int = 256, trusted_hosts: frozenset[str] = frozenset()) -> None:
         self._instances: dict[str, Instance] = {}
         self.stack_token = stack_token
         self.max_registered = max_registered
+        self.trusted_hosts = trusted_hosts  # the stack's own network names (compose services, k8s services)
         if stack is not None:
             for name, spec in stack.servers.items():
                 self._instances[name] = Instance(name, spec.kind, spec.host, spec.port, static=True,
@@ -151,6 +154,8 @@ class Registry:
             self._instances[reg.name] = inst
         if inst.lease is None:
             inst.lease = reg.lease if not inst.static and reg.lease else secrets.token_urlsafe(24)
+        url_host = (urlsplit(inst.url).hostname or "").lower()
+        inst.trusted = inst.static or (inst.host.lower() in self.trusted_hosts and url_host in self.trusted_hosts)
         inst.pid = reg.pid
         inst.expires = now + reg.ttl_s
         inst.registered_at = time.time()

@@ -41,8 +41,8 @@ class Directory:
             rows = await self.client.get_json(f"{self.head_url}/server_instances", deadline_s=10.0)
             self._cache = {row["name"]: row for row in rows if isinstance(row, dict) and "name" in row}
             for row in self._cache.values():
-                if row.get("static") is True and isinstance(row.get("url"), str):
-                    trust(row["url"])  # started by the stack
+                if (row.get("trusted") or row.get("static")) is True and isinstance(row.get("url"), str):
+                    trust(row["url"])  # started by the stack (or on its own network)
             self._fetched = time.monotonic()
         return self._cache
 

@@ -23,6 +23,10 @@ class _Recorder(BaseHTTPRequestHandler):
         length = int(self.headers.get("content-length") or 0)
         if length:
             self.rfile.read(length)
+        elif self.headers.get("transfer-encoding", "").lower() == "chunked":  # read it all, as a server would
+            while (size := int(self.rfile.readline().strip() or b"0", 16)) > 0:
+                self.rfile.read(size + 2)
+            self.rfile.readline()
         self.seen.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}})
         self.send_response(200)
         self.send_header("content-type", "application/json")

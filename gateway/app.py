@@ -128,7 +128,11 @@ def build(config: Config) -> FastAPI:
             where = {}
             if reg.url:
                 parts = urlsplit(reg.url)
-                where["url"] = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+                try:
+                    port = parts.port or (443 if parts.scheme == "https" else 80)
+                except ValueError:
+                    raise BadRequest(f"url: {reg.url!r} has no valid port", status_code=422) from None
+                where["url"] = (parts.hostname or "", port)
             where["host"] = (reg.host, reg.port)
             for field, (host, port) in where.items():
                 await asyncio.to_thread(rules.check_address, field, host, port, rules=config.allowed_hosts,

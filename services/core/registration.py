@@ -62,18 +62,34 @@ async def register(head_url: str, body: dict) -> dict:
     return reply if isinstance(reply, dict) else {}
 
 
+async def unregister(head_url: str, body: dict) -> None:
+    """`POST /unregister` with our lease, so a successor under the same name need not wait for our TTL."""
+    await shared_client().post_json(f"{head_url.rstrip('/')}/unregister",
+                                    {"name": body["name"], "lease": body.get("lease")}, deadline_s=2.0, retries=0,
+                                    headers=stack_headers())
+
+
 async def heartbeat_loop(config: ServerConfig, server_type: str) -> None:
-    """Register now and every `heartbeat_s`; a head that is down is retried quietly."""
+    """Register now and every `heartbeat_s`; a head that is down is retried quietly. Cancelled (the
+    server stops): unregister."""
     if not config.head_url:
         return
     body = registration_body(config, server_type)
     warned = False
-    while True:
-        try:
-            await register(config.head_url, body)
-            warned = False
-        except Exception as exc:  # the head may start after us or restart
-            if not warned:
-                log.warning("cannot register with head at %s: %s", config.head_url, exc)
-                warned = True
-        await asyncio.sleep(config.heartbeat_s)
+    try:
+        while True:
+            try:
+                await register(config.head_url, body)
+                warned = False
+            except Exception as exc:  # the head may start after us or restart
+                if not warned:
+                    log.warning("cannot register with head at %s: %s", config.head_url, exc)
+                    warned = True
+            await asyncio.sleep(config.heartbeat_s)
+    except asyncio.CancelledError:
+        if body.get("lease"):
+            try:
+                await unregister(config.head_url, body)
+            except Exception:  # the head may be gone already
+                pass
+        raise

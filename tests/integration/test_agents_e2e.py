@@ -186,10 +186,13 @@ def test_moved_server_is_found_again_by_name():
     env = {"GYMSERVE_HEAD_URL": ""}
     with ServerProcess("head", env=env) as head, ServerProcess("models/stub", "text=Paris", env=env) as stub, \
             ServerProcess("resources/exact_match", env=env) as em:
-        def register(name: str, port: int) -> None:
+        leases: dict[str, str] = {}
+
+        def register(name: str, port: int) -> None:  # the same registrant each time: it holds the lease
             r = head.post("/register", {"name": name, "host": "127.0.0.1", "port": port, "ttl_s": 600,
-                                        "kind": "resources/exact_match"})
+                                        "kind": "resources/exact_match", "lease": leases.get(name)})
             assert r.status_code == 200, r.text
+            leases[name] = r.json()["lease"]
 
         register("stub_model", stub.port)
         register("em", free_port())  # nothing listens there

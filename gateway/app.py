@@ -20,6 +20,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import Field, ValidationError, field_validator
 
 from services.core.app import create_app, read_json
+from services.core.auth import trust
 from services.core.config import (DEFAULT_HEAD_PORT, ConfigError, ServerConfig, Stack, describe_validation_error,
                                   interpolate, load_stack, redact)
 from services.core.errors import BadRequest, NotFound
@@ -264,6 +265,8 @@ def build(config: Config) -> FastAPI:
         inst = registry.get(name)
         if inst is None:
             raise NotFound(f"no server named {name!r} is registered with the head")
+        if inst.trusted:
+            trust(inst.url)  # the head's own calls (OpenRLHF's /get_reward) carry the key to it
         return inst.url
 
     if importlib.util.find_spec("gateway.openrlhf") is not None:

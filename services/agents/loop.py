@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from services.core.auth import trust
 from services.core.client import ServiceClient, shared_client
 from services.core.config import ServerConfig, describe_validation_error
 from services.core.content import content_text
@@ -92,6 +93,8 @@ class Upstream:
         self.role = role
         self.name = name
         self.fixed = url.rstrip("/") if url else None
+        if self.fixed:
+            trust(self.fixed)  # a URL in the server's own configuration is the stack's: it gets the key
         self.directory = directory
         self.client = client
 

@@ -86,12 +86,12 @@ def build(config: Config) -> FastAPI:
         "weights_version": {}, "seconds": {"type": "number"}}}, errors=(403, 409, 503)))
     async def update_weights(request: Request) -> dict[str, Any]:
         """A trainer on this host hands over new weights as a safetensors file path (see weights.py)."""
+        update: WeightsUpdate = oa.parse_request(WeightsUpdate, await read_json(request))
         if not config.accept_weights:
             raise GymError("weight updates are off on this server (start it with accept_weights=true: "
                            "training stacks set it)", status_code=403)
         if not model.ready:
             raise Unavailable("the model is still loading")
-        update: WeightsUpdate = oa.parse_request(WeightsUpdate, await read_json(request))
         started = time.perf_counter()
         version = await model.update_weights(update.path, update.version)
         return {"weights_version": version, "seconds": round(time.perf_counter() - started, 3)}

@@ -20,11 +20,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import Field, ValidationError, field_validator
 
 from services.core.app import create_app, read_json
-from services.core.auth import trust
+from services.core.auth import api_key, trust
 from services.core.config import (DEFAULT_HEAD_PORT, ConfigError, ServerConfig, Stack, describe_validation_error,
                                   interpolate, load_stack, redact)
 from services.core.errors import BadRequest, NotFound
-from services.core.hosts import connect_host, connect_url
+from services.core.hosts import connect_host, connect_url, is_loopback
 from services.core.openapi import describe, list_of
 from services.core.registration import STACK_TOKEN_ENV, STACK_TOKEN_HEADER
 
@@ -92,6 +92,10 @@ def global_config(config: Config, stack: Stack, registry: Registry) -> dict[str,
 
 
 def build(config: Config) -> FastAPI:
+    if not is_loopback(config.host) and api_key() is None:
+        raise ConfigError(f"host: the head binds {config.host or 'every interface'} without a bearer key; set "
+                          "GYMSERVE_API_KEY or GYMSERVE_API_KEY_FILE (`gymserve up` and `make compose-up` "
+                          "generate one), or bind it to 127.0.0.1")
     stack = resolve_stack(config)
     config = config.model_copy(update={"head_url": None})  # the head does not register with itself
     registry = Registry(stack, stack_token=os.environ.get(STACK_TOKEN_ENV) or None,

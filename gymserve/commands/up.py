@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import os
 import secrets
 from pathlib import Path
 
 from services.core.auth import NO_AUTH_ENV, ensure_key_file
 from services.core.config import ConfigError, Stack, load_stack
+from services.core.hosts import is_loopback
 from services.core.registration import STACK_TOKEN_ENV
 
 DEFAULT_STACK = Path(__file__).resolve().parent.parent / "stacks" / "default.yaml"
@@ -60,20 +60,13 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(launcher.run())
 
 
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 def prepare_auth(stack: Stack, *, no_auth: bool) -> str:
     """Make sure the stack runs with a bearer key, and hand it (and the stack token) to the children through
     our environment: GYMSERVE_API_KEY if set, else a key file (generated 0600 when missing). Returns the line
     to print: where the key is, never the key."""
     os.environ[STACK_TOKEN_ENV] = secrets.token_urlsafe(32)  # lets our own children re-point stack entries
     if no_auth or os.environ.get(NO_AUTH_ENV) == "1":
-        if not _loopback(stack.head.host):
+        if not is_loopback(stack.head.host):
             raise ConfigError(f"head.host: {stack.head.host} is beyond loopback; --no-auth is only allowed for a "
                               "head on 127.0.0.1 or ::1 (drop --no-auth: a key is generated for you)")
         os.environ[NO_AUTH_ENV] = "1"

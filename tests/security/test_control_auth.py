@@ -116,3 +116,10 @@ def test_no_auth_is_refused_beyond_loopback(tmp_path):
                            f"head.port={free_port()}"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--no-auth" in done.stderr and "loopback" in done.stderr
     assert not (tmp_path / "gymserve").exists()
+
+
+def test_a_head_beyond_loopback_without_a_key_does_not_start():
+    env = {**os.environ, "GYMSERVE_API_KEY": "", "GYMSERVE_API_KEY_FILE": "", "GYMSERVE_HEAD_URL": ""}
+    done = subprocess.run([sys.executable, "-m", "gymserve", "serve", "head", "--host", "0.0.0.0", "--port",
+                           str(free_port())], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "without a bearer key" in done.stderr

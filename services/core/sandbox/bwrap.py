@@ -13,9 +13,10 @@ must get the same guarantees, and a flag forgotten in one copy is an escape. Wha
 - a fresh read-only root with only /usr, the interpreter and the `binds` given, no network,
   a clean environment, no nested user namespaces.
 
-`PROBE` is a program to run inside such a sandbox at start-up; `probe_problems()` reads its report
-and lists why the server must refuse to serve (an outside mapping of uid 0, a global sysctl that
-opens for writing). The probe opens files with O_WRONLY and closes them unwritten.
+`PROBE` is a program to run inside such a sandbox at start-up, `host_uids()` reads a running
+sandbox's uids from outside; `probe_problems()` lists from both why the server must refuse to serve
+(the sandbox user is uid 0 outside, a global sysctl opens for writing). The probe opens files with
+O_WRONLY and closes them unwritten.
 """
 from __future__ import annotations
 
@@ -185,13 +186,46 @@ def parse_probe(stdout: str) -> dict[str, Any] | None:
     return None
 
 
-def probe_problems(report: dict[str, Any] | None, started_as: int) -> list[str]:
-    """Why a sandbox must not be used, from PROBE's report and the uid bwrap was started as."""
+def host_uids(pid: int) -> dict[int, int]:
+    """The real uid of `pid` and of each of its descendants, as this process (outside) sees them.
+
+    Why from outside: inside, /proc/self/uid_map is relative to the parent namespace, and bwrap may
+    nest one (as root with --disable-userns it reads `65534 65534 1` while the code runs as host
+    root); /proc/<pid>/status translates uids into the reader's namespace."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    family, changed = {pid}, True
+    while changed:
+        found = {child for child, parent in parents.items() if parent in family}
+        changed = not found <= family
+        family |= found
+    uids: dict[int, int] = {}
+    for member in family:
+        try:
+            with open(f"/proc/{member}/status") as f:
+                uids[member] = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
+        except (OSError, StopIteration, ValueError):
+            continue
+    return uids
+
+
+def probe_problems(report: dict[str, Any] | None, started_as: int, outside: Mapping[int, int] | None = None) -> list[str]:
+    """Why a sandbox must not be used, from PROBE's report, the uid bwrap was started as and, when
+    given, `host_uids()` of a running sandbox."""
     if report is None:
         return ["the sandbox probe printed no report"]
     problems = []
     if started_as == 0:
         problems.append("bwrap would be started as root, so the sandbox user would be root outside")
+    rooted = sorted(pid for pid, uid in (outside or {}).items() if uid == 0)
+    if rooted:
+        problems.append(f"sandbox processes run as uid 0 outside (pids {rooted[:5]})")
     for line in (report.get("uid_map") or "").splitlines():
         fields = line.split()
         if len(fields) == 3 and fields[1] == "0":

@@ -35,8 +35,9 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from services.core.sandbox.bwrap import (INSIDE_PATH, PROBE, SANDBOX_UID, Bind, bwrap_argv, package_binds,
-                                         parse_probe, probe_problems, reachable_by, spawn_uid, unprivileged)
+from services.core.sandbox.bwrap import (INSIDE_PATH, PROBE, SANDBOX_UID, Bind, bwrap_argv, host_uids,
+                                         package_binds, parse_probe, probe_problems, reachable_by, spawn_uid,
+                                         unprivileged)
 
 from . import runner
 
@@ -227,11 +228,29 @@ class Sandbox:
                                "cgroups) or set sandbox=unsafe explicitly")
         # the host-safety half: refuse when the sandbox user is root outside or a global sysctl opens for writing
         result = await self.run(PROBE, b"", limits)
-        problems = probe_problems(parse_probe(result.stdout), self.spawn_uid)
+        problems = probe_problems(parse_probe(result.stdout), self.spawn_uid, await self._outside_uids(limits))
         if problems:
             raise SandboxError("unsafe sandbox, refusing to serve: " + "; ".join(problems) +
                                (f" ({result.sandbox_error or result.stderr.strip()[-300:]})"
                                 if parse_probe(result.stdout) is None else ""))
+
+    async def _outside_uids(self, limits: Limits) -> dict[int, int]:
+        """The host uids of a live sandbox's processes (bwrap, its init, the program)."""
+        spawned = await self.spawn(runner.ONE_SHOT, limits)
+        proc = spawned.proc
+        assert proc.stdin is not None and proc.stdout is not None
+        program = b"import time\nprint('up', flush=True)\ntime.sleep(60)\n"
+        try:
+            proc.stdin.write(len(program).to_bytes(8, "big") + program)
+            await proc.stdin.drain()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.stdout.readline(), limits.wall_s)
+            return host_uids(proc.pid)
+        finally:
+            self.kill(spawned)
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(proc.wait(), 5.0)
+            await self.cleanup(spawned)
 
     def describe(self) -> dict[str, Any]:
         return {"sandbox": self.mode, "seccomp": self.seccomp_filter is not None,

@@ -14,6 +14,9 @@ import os, resource, signal, sys
 sys.path.append({SITE_DIR!r})
 ''' + r'''
 def _gym_limits(argv):
+    # descriptors inherited past bwrap (uvloop's socketpairs for the server's pipes have duplicates
+    # without close-on-exec) would be a second way to the server's end of the channel
+    os.closerange(3, 2 ** 31 - 1)
     cpu, mem, fsize, nproc, nofile = (int(x) for x in argv[1:6])
     for res, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, fsize),
                        (resource.RLIMIT_NPROC, nproc), (resource.RLIMIT_NOFILE, nofile), (resource.RLIMIT_CORE, 0)):
@@ -65,8 +68,9 @@ except BaseException as _gym_exc:  # traceback without this runner's frame
 # channel (its fds are closed there; /proc/<pid>/fd and ptrace of a non-dumpable process are
 # refused) nor forge a reply: the supervisor builds every reply itself, reading the cell's
 # stdout/stderr from files in the sandbox's /tmp, and takes only a small bounded result message
-# from the worker, checked and re-typed. A worker that dies or answers garbage is a reply with
-# `state_lost`; the next cell gets a fresh worker. Between cells every process of the sandbox but
+# from the worker's Unix socket, checked and re-typed, carrying the cell's random nonce (anything
+# else written into that socket is skipped, so the cells stay in step). A worker that dies or
+# answers garbage is a reply with `state_lost`; the next cell gets a fresh worker. Between cells every process of the sandbox but
 # pid 1 and the supervisor is stopped (kill(-1, SIGSTOP) in its pid namespace; the worker's process
 # group with sandbox=unsafe), so nothing runs between calls. Like NeMo RL's code environment, a final
 # expression statement is evaluated and its pformat() is the cell's `result`.
@@ -101,7 +105,9 @@ def _gym_worker(req, res, limit):
         body = head and _gym_exact(req, struct.unpack(">I", head)[0])
         if not body:
             os._exit(0)
-        code = json.loads(body)
+        request = json.loads(body)
+        code, nonce = request["code"], request["nonce"]
+        del request, body
         count += 1
         name = f"<cell {count}>"
         linecache.cache[name] = (len(code), None, code.splitlines(True), name)
@@ -133,7 +139,7 @@ def _gym_worker(req, res, limit):
                 stream.flush()
             except BaseException:
                 pass
-        _gym_send(res, {"exit_code": exit_code, "evaluated": evaluated, "result": result})
+        _gym_send(res, {"nonce": nonce, "exit_code": exit_code, "evaluated": evaluated, "result": result})
 
 class _GymSupervisor:
     def __init__(self, freeze_all):
@@ -152,12 +158,14 @@ class _GymSupervisor:
         self.lost = False
 
     def start(self, limit):
-        req_r, req_w = os.pipe2(os.O_CLOEXEC)
-        res_r, res_w = os.pipe2(os.O_CLOEXEC)
+        # one Unix socket pair: what the worker writes into its end reaches only this process (a pipe's
+        # read end could be reopened for writing through /proc/self/fd and fed fake requests)
+        import socket
+        mine, theirs = (s.detach() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
         pid = os.fork()
         if pid == 0:
             try:
-                for fd in (self.pin, self.pout, req_w, res_r):
+                for fd in (self.pin, self.pout, mine):
                     os.close(fd)
                 os.dup2(self.files[0], 1)
                 os.dup2(self.files[1], 2)
@@ -166,12 +174,11 @@ class _GymSupervisor:
                 if not self.freeze_all:
                     os.setpgid(0, 0)
                 _gym_dumpable(1)
-                _gym_worker(req_r, res_w, limit)
+                _gym_worker(theirs, theirs, limit)
             finally:
                 os._exit(70)
-        os.close(req_r)
-        os.close(res_w)
-        self.pid, self.req, self.res = pid, req_w, res_r
+        os.close(theirs)
+        self.pid, self.req, self.res = pid, mine, mine
         try:
             self.pidfd = os.pidfd_open(pid)
         except (AttributeError, OSError):
@@ -195,14 +202,21 @@ class _GymSupervisor:
         except OSError:
             pass
         _, status = os.waitpid(self.pid, 0)
-        for fd in (self.req, self.res) + ((self.pidfd,) if self.pidfd is not None else ()):
+        for fd in (self.res,) + ((self.pidfd,) if self.pidfd is not None else ()):
             os.close(fd)
         self.pid = None
         self.lost = True
         return status
 
-    def result(self, limit):
-        # the worker's bounded result message, or None when it died or sent something malformed
+    def result(self, nonce, limit):
+        # the worker's bounded result message for this cell (junk the user's code wrote into the socket
+        # is skipped), or None when the worker died or sent something malformed
+        while True:
+            msg = self.message(limit)
+            if msg is None or msg.get("nonce") == nonce:
+                return msg
+
+    def message(self, limit):
         poll = select.poll()
         poll.register(self.res, select.POLLIN)
         if self.pidfd is not None:
@@ -227,7 +241,7 @@ class _GymSupervisor:
         return msg if isinstance(msg, dict) else None
 
     def drain(self):
-        # bytes a leftover process wrote into the result pipe outside a cell
+        # bytes a leftover process wrote into the worker's socket outside a cell
         os.set_blocking(self.res, False)
         try:
             while os.read(self.res, 65536):
@@ -249,9 +263,10 @@ class _GymSupervisor:
         else:
             self.drain()
         notes = ""
+        nonce = os.urandom(16).hex()
         try:
-            _gym_send(self.req, code)
-            msg = self.result(limit)
+            _gym_send(self.req, {"code": code, "nonce": nonce})
+            msg = self.result(nonce, limit)
         except OSError:
             msg = None
         if msg is None:

@@ -181,6 +181,10 @@ class Sandbox:
                 raise SandboxError(f"no Python interpreter that uid {self.spawn_uid} can run ({self.python} is "
                                    "unreachable and there is no system python of the same version)")
             self.python, self.python_binds = found
+            if not reachable_by(self.bwrap, self.spawn_uid):
+                raise SandboxError(f"{self.bwrap} cannot be run by uid {self.spawn_uid} (what bwrap runs as when "
+                                   "the server is root): make it and its directories readable and searchable")
+            self.process_limit += f" (bwrap started as uid {self.spawn_uid})" if not self.cgroup else ""
         self.package_binds = package_binds(uid=self.spawn_uid)
         try:
             await self.probe()

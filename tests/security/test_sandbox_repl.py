@@ -146,3 +146,14 @@ def test_numpy_and_sympy_import_inside_the_sandbox_and_nothing_else_of_the_venv(
         assert reply["stdout"] == "Read-only file system\n" and reply["result"] == "[]", reply
     finally:
         server.post("/close_session", {}, headers=headers)
+
+
+def test_a_long_non_ascii_result_is_cut_not_taken_for_a_broken_channel(server):
+    """JSON-escaped, a result cut at max_output_bytes is up to 6 times longer: still a normal reply."""
+    headers = session(server)
+    try:
+        reply = server.post("/execute_python", {"code": "'\u00e9' * 20000"}, headers=headers).json()
+        assert reply["exit_code"] == 0 and reply["truncated"] is True and "state_lost" not in reply, reply
+        assert reply["result"].startswith("'\u00e9\u00e9")
+    finally:
+        server.post("/close_session", {}, headers=headers)

@@ -73,7 +73,7 @@ class Repl:
     async def _reply(self, stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader) -> None:
         await stdin.drain()
         (size,) = struct.unpack(">I", await stdout.readexactly(4))
-        if size > 4 * self.limits.output_bytes + 65536:
+        if size > 20 * self.limits.output_bytes + 65536:  # stdout, stderr, result: each <= 6 x once JSON-escaped
             raise ValueError("oversized frame")
         self._last = json.loads(await stdout.readexactly(size))
         if not isinstance(self._last, dict):

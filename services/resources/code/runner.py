@@ -231,7 +231,7 @@ class _GymSupervisor:
                 if not dict(poll.poll(0)):
                     return None
         head = _gym_exact(self.res, 4)
-        if head is None or struct.unpack(">I", head)[0] > 4 * limit + 4096:
+        if head is None or struct.unpack(">I", head)[0] > 8 * limit + 4096:  # JSON escapes: <= 6 x
             return None
         body = _gym_exact(self.res, struct.unpack(">I", head)[0])
         try:
@@ -293,10 +293,11 @@ class _GymSupervisor:
 def _gym_dumpable(flag):
     try:
         import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(4, flag, 0, 0, 0)  # PR_SET_DUMPABLE
+        failed = ctypes.CDLL(None, use_errno=True).prctl(4, flag, 0, 0, 0) != 0  # PR_SET_DUMPABLE
     except BaseException:
-        if not flag:
-            raise
+        failed = True
+    if failed and not flag:
+        raise OSError("prctl(PR_SET_DUMPABLE, 0) failed: the channel would be reachable from the worker")
 
 def _gym_main():
     rest = _gym_limits(sys.argv)

@@ -3,8 +3,11 @@ a lost interpreter is a masked `sandbox` failure and the session recovers; numpy
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
+from services.core.sandbox.bwrap import host_uids
 from tests.security.code_sandbox import assert_healthy, require_full_isolation, run, server, session  # noqa: F401
 
 # writes a well-formed fake reply frame into every descriptor it has, and through /proc into those of
@@ -157,3 +160,32 @@ def test_a_long_non_ascii_result_is_cut_not_taken_for_a_broken_channel(server):
         assert reply["result"].startswith("'\u00e9\u00e9")
     finally:
         server.post("/close_session", {}, headers=headers)
+
+
+def _kill_repl_sandboxes(server_pid: int) -> int:
+    """SIGKILL every REPL supervisor the server started (found from outside, by its runner's source)."""
+    killed = 0
+    for pid in host_uids(server_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"_GymSupervisor" in f.read() and pid != server_pid:
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+        except OSError:
+            continue
+    return killed
+
+
+def test_a_sandbox_killed_between_calls_is_a_masked_sandbox_failure(server):
+    headers = session(server)
+    try:
+        assert server.post("/execute_python", {"code": "x = 1"}, headers=headers).json()["exit_code"] == 0
+        assert _kill_repl_sandboxes(server.proc.pid) >= 1
+        lost = server.post("/execute_python", {"code": "x"}, headers=headers)
+        assert lost.status_code == 200, lost.text
+        assert lost.json()["mask_sample"] is True and lost.json()["failure_kind"] == "sandbox", lost.json()
+        after = server.post("/execute_python", {"code": "2 * 21"}, headers=headers).json()
+        assert after["result"] == "42" and after["state_lost"] is True, after
+    finally:
+        server.post("/close_session", {}, headers=headers)
+    assert_healthy(server)

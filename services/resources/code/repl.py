@@ -58,7 +58,8 @@ class Repl:
             return {"stdout": "", "stderr": f"execution timed out after {wall_s:g}s; the interpreter was "
                                             "killed and its state is lost", "exit_code": None, "timed_out": True,
                     "evaluated": False, "result": None, "truncated": False, "state_lost": True}
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError, OSError) as exc:
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError, OSError, RuntimeError) as exc:
+            # RuntimeError: a write to the pipe of a sandbox that died between calls (uvloop)
             # the supervisor inside the sandbox (not the user's code: that runs in its child) is gone or
             # answered garbage: an infrastructure failure; the next call starts a fresh interpreter
             code_, _ = await self._exit_status()

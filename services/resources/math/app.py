@@ -2,9 +2,10 @@
 
 Reward 1.0/0.0 from math-verify (`math_metric` semantics, see `checker.py`); the reply adds
 `extracted_answer`. With `should_use_judge` (NeMo-Gym's `math_with_judge`), an answer that
-math-verify does not find equal is shown to a judge model in both orders (`services/core/judge.py`). Every check runs in the core worker pool: math-verify's SIGALRM timeouts
-only work in a process's main thread, and the pool's hard deadline kills a worker that a
-pathological expression keeps busy past it.
+math-verify does not find equal is shown to a judge model in both orders (`services/core/judge.py`).
+Every check runs in the core worker pool: math-verify's SIGALRM timeouts only work in a process's
+main thread, and the pool's hard deadline kills a worker that a pathological expression keeps busy
+past it.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from services.core.judge import (Judge, JudgeConfig, JudgeFailure, PromptTemplat
                                  judge_failed_reply, question_text)
 from services.core.pool import TaskError, WorkerFailure
 from services.core.replies import exception_reply, failed_reply, scored_reply
-from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
+from services.core.resource import Environment, Session, create_resource_app
 from services.core.schemas import VerifyReply, VerifyRequest
 
 from . import checker

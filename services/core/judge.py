@@ -18,14 +18,16 @@ through the head, like an agent's model server) or by a URL (vLLM, a hosted API 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import random
+import re
 import string
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -124,7 +126,35 @@ def _field_names(template: str, where: str) -> list[str]:
 
 
 class UnparseableVerdict(ValueError):
-    """The judge answered, but not with exactly one of the verdict labels."""
+    """The judge answered, but not with exactly one verdict."""
+
+
+Parser = Callable[[str], str]
+
+
+def label_parser(*choices: str) -> Parser:
+    """A parser for a reply that must hold exactly one of `choices` (see `parse_label`)."""
+    return functools.partial(parse_label, labels=choices)
+
+
+_SCORE = re.compile(r"\[\[\s*(?:score\s*[:=]\s*)?([-+]?\d+(?:\.\d+)?)\s*\]\]", re.IGNORECASE)
+
+
+def score(low: float, high: float) -> Parser:
+    """A parser for a reply that holds one score `[[N]]` (or `[[score: N]]`) between `low` and `high`;
+    the same score repeated counts once, two different ones or one out of range are unparseable."""
+    def parse(text: str) -> str:
+        found = {float(m) for m in _SCORE.findall(text)}
+        if not found:
+            raise UnparseableVerdict(f"no score [[N]] ({low:g} to {high:g}) in the judge's reply")
+        if len(found) > 1:
+            raise UnparseableVerdict(f"conflicting scores ({', '.join(f'{v:g}' for v in sorted(found))}) "
+                                     "in the judge's reply")
+        value = found.pop()
+        if not low <= value <= high:
+            raise UnparseableVerdict(f"score {value:g} outside the scale {low:g} to {high:g}")
+        return f"{value:g}"
+    return parse
 
 
 def parse_label(text: str, labels: tuple[str, ...]) -> str:
@@ -224,25 +254,26 @@ class Judge:
                 body["max_tokens"] = body.pop("max_output_tokens")
         return body
 
-    async def ask(self, messages: list[dict[str, str]], labels: tuple[str, ...]) -> Evaluation:
-        """The judge's verdict (one of `labels`) on `messages`; raises JudgeFailure when there is none."""
+    async def ask(self, messages: list[dict[str, str]], parse: Parser) -> Evaluation:
+        """The judge's verdict on `messages`, as `parse` reads it from the reply text (`label_parser`, `score`);
+        raises JudgeFailure when there is none."""
         body = self.request_body(messages)
         key = hashlib.sha256(json.dumps([self.target, self.path, body], sort_keys=True).encode()).hexdigest()
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             self._observe_hit()
-            return self._evaluation(body, *hit, labels, cached=True)
+            return self._evaluation(body, *hit, parse, cached=True)
         pending = self._inflight.get(key)
         if pending is not None:  # the same question is being asked right now: share its answer
             text, response = await asyncio.shield(pending)
             self._observe_hit()
-            return self._evaluation(body, text, response, labels, cached=True)
+            return self._evaluation(body, text, response, parse, cached=True)
         future: asyncio.Future[tuple[str, dict[str, Any]]] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
             text, response = await self._call(body)
-            evaluation = self._evaluation(body, text, response, labels, cached=False)
+            evaluation = self._evaluation(body, text, response, parse, cached=False)
         except BaseException as exc:
             shared = exc if isinstance(exc, Exception) else JudgeFailure(f"judge {self.target}: the call was cancelled")
             future.set_exception(shared)
@@ -257,10 +288,10 @@ class Judge:
                 self._cache.popitem(last=False)
         return evaluation
 
-    def _evaluation(self, body: dict[str, Any], text: str, response: dict[str, Any], labels: tuple[str, ...],
+    def _evaluation(self, body: dict[str, Any], text: str, response: dict[str, Any], parse: Parser,
                     *, cached: bool) -> Evaluation:
         try:
-            verdict = parse_label(text, labels)
+            verdict = parse(text)
         except UnparseableVerdict as exc:
             self._observe_failure("unparseable")
             record = {"responses_create_params": body, "response": response, "verdict_label": None, "cached": cached}
@@ -365,15 +396,16 @@ EQUIVALENCE_LABELS = (EQUAL_LABEL, NOT_EQUAL_LABEL)
 
 
 async def equal_in_orders(judge: Judge, template: PromptTemplate, orders: list[dict[str, str]], *,
-                          equal: str = EQUAL_LABEL, labels: tuple[str, ...] = EQUIVALENCE_LABELS
+                          equal: str = EQUAL_LABEL, choices: tuple[str, ...] = EQUIVALENCE_LABELS
                           ) -> tuple[bool, list[dict[str, Any]]]:
     """Ask whether two answers are equal, once per order of `orders` (a judge has a positional bias),
     stopping at the first "not equal". Returns (all said equal, one record per judge question); a
     JudgeFailure carries the records made before it."""
     records: list[dict[str, Any]] = []
+    parse = label_parser(*choices)
     for values in orders:
         try:
-            evaluation = await judge.ask(template.messages(**values), labels)
+            evaluation = await judge.ask(template.messages(**values), parse)
         except JudgeFailure as exc:
             exc.evaluations = records + exc.evaluations
             raise

@@ -22,15 +22,18 @@ ENVIRONMENTS: dict[str, tuple[str, ...]] = {
     "workplace": (),
     "code": ("timeout_s=5", "prestart=0", "max_concurrency=2"),
     "equivalence_llm_judge": (),
+    "llm_judge": (),
+    "genrm_compare": (),
 }
 # Environments that call a judge model: pointed at one scripted judge (`judge_server`).
-JUDGED = frozenset({"equivalence_llm_judge"})
+JUDGED = frozenset({"equivalence_llm_judge", "llm_judge", "genrm_compare"})
 
 
 def judge_server() -> ServerProcess:
-    """A scripted judge that says "equal" to every question (the judged environments' contract is
+    """A scripted judge that says "equal" (and scores 7) to every question (the judged environments' contract is
     about their own inputs and replies; judge outcomes are tested in tests/integration/test_judge.py)."""
-    return ServerProcess("models/stub", "text=My final verdict is [[A=B]]", name="contract-judge", ready_timeout_s=180)
+    return ServerProcess("models/stub", name="contract-judge", ready_timeout_s=180,
+                         env={"GYMSERVE_SERVER_SPEC": json.dumps({"text": "Verdict [[A=B]], score [[7]]"})})
 
 
 def options_for(env: str, judge: ServerProcess) -> tuple[str, ...]:

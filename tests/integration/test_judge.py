@@ -226,3 +226,48 @@ def test_real_hf_judge() -> None:
         metrics = env.get("/metrics").text
         assert f'gymserve_judge_calls_total{{judge="{hf.url}",outcome="ok"}} 1.0' in metrics or \
             f'gymserve_judge_calls_total{{judge="{hf.url}",outcome="ok"}} 2.0' in metrics
+
+
+def test_rubric_judge_scores_and_components() -> None:
+    rules = [{"match": r"\[Rubric\]\nform", "text": "Form is off. [[4]]"},
+             {"match": r"\[Rubric\]\ntopic", "text": "On topic. [[10]]"},
+             {"match": "GARBLE", "text": "Pretty good, 8 out of 10."},
+             {"match": "OUTOFSCALE", "text": "[[11]]"},
+             {"match": ".", "text": "Good. [[score: 7]]"}]
+    with ServerProcess("models/stub", name="judge_stub", env={"GYMSERVE_SERVER_SPEC": json.dumps({"rules": rules})}) \
+            as judge, ServerProcess("resources/llm_judge", f"judge_model_server={judge.url}", "score_min=1",
+                                    "score_max=10", "rubric=Answers the question.") as env:
+        def verify(text: str, **row) -> dict:
+            body = {"responses_create_params": {"input": [{"role": "user", "content": "Write a haiku."}]},
+                    "response": response_with_text(text), **row}
+            return env.post("/verify", body).json()
+
+        default = verify("a poem")
+        assert default["reward"] == pytest.approx(6 / 9) and default["judge_scores"] == {"rubric": 7.0}
+        items = [{"name": "form", "criterion": "form: 5-7-5", "weight": 1},
+                 {"name": "topic", "criterion": "topic: autumn", "weight": 3}]
+        split = verify("a poem", rubric=items)
+        assert split["reward_components"] == pytest.approx({"form": 0.25 * 3 / 9, "topic": 0.75})
+        assert split["reward"] == pytest.approx(0.25 * 3 / 9 + 0.75) and len(split["judge_evaluations"]) == 2
+        for text in ("GARBLE", "OUTOFSCALE"):
+            masked = verify(text)
+            assert masked["mask_sample"] is True and masked["failure_kind"] == "upstream"
+        bad = env.post("/verify", {"response": response_with_text("x"), "rubric": [{"name": "a"}]})
+        assert bad.status_code == 400 and "rubric" in bad.text
+
+
+def test_genrm_pairwise_group_and_reference() -> None:
+    rules = [{"match": r"Response A\|>\nBEST", "text": "[[A>B]]"}, {"match": r"Response B\|>\nBEST", "text": "[[B>A]]"},
+             {"match": r"Response A\|>\nWORST", "text": "[[B>A]]"}, {"match": r"Response B\|>\nWORST", "text": "[[A>B]]"},
+             {"match": ".", "text": "[[A=B]]"}]
+    with ServerProcess("models/stub", name="judge_stub", env={"GYMSERVE_SERVER_SPEC": json.dumps({"rules": rules})}) \
+            as judge, ServerProcess("resources/genrm_compare", f"judge_model_server={judge.url}") as env:
+        prompt = {"input": [{"role": "user", "content": "Say something."}]}
+        group = [{"responses_create_params": prompt, "response": response_with_text(t)} for t in ("BEST", "MID", "WORST")]
+        out = env.post("/verify/batch", group).json()
+        assert [r["reward"] for r in out] == [1.0, 0.5, 0.0]
+        assert [r["genrm_questions"] for r in out] == [4, 4, 4] and _calls(judge) == 6
+        single = env.post("/verify", {**group[0], "reference_response": "MID"}).json()
+        assert single["reward"] == 1.0 and len(single["judge_evaluations"]) == 2
+        missing = env.post("/verify", group[1])
+        assert missing.status_code == 400 and "reference_response" in missing.text

@@ -128,7 +128,7 @@ class EquivalenceLLMJudge(Environment):
         labels = (self.config.judge_equal_label, self.config.judge_not_equal_label)
         try:
             equal, evaluations = await equal_in_orders(self.judge, self.template, orders,
-                                                       equal=labels[0], labels=labels)
+                                                       equal=labels[0], choices=labels)
         except JudgeFailure as exc:
             return judge_failed_reply(request, exc, extracted_answer=answer)
         first_equal = evaluations[0]["verdict_label"] == labels[0]

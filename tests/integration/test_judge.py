@@ -271,3 +271,29 @@ def test_genrm_pairwise_group_and_reference() -> None:
         assert single["reward"] == 1.0 and len(single["judge_evaluations"]) == 2
         missing = env.post("/verify", group[1])
         assert missing.status_code == 400 and "reference_response" in missing.text
+
+
+def test_judge_named_by_instance_is_resolved_through_the_head(tmp_path) -> None:
+    """`judge_model_server: {type, name}` in a stack: found through the head's registry, called with the
+    stack's API key, reached here through the head's proxy."""
+    from tests.integration.up_helpers import Up
+
+    stack = {"head": {"host": "127.0.0.1", "port": 0}, "servers": {
+        "judge_model": {"kind": "models/stub", "rules": RULES},
+        "equivalence": {"kind": "resources/equivalence_llm_judge",
+                        "judge_model_server": {"type": "responses_api_models", "name": "judge_model"}}}}
+    (tmp_path / "stack.yaml").write_text(json.dumps(stack))
+    key = "judge-test-key"
+    launcher = Up("-c", str(tmp_path / "stack.yaml"), env={"GYMSERVE_API_KEY": key})
+    try:
+        launcher.wait_for(r"all 3 servers ready")
+        head = launcher.wait_for(r"head on (http://\S+)").group(1)
+        auth = {"Authorization": f"Bearer {key}"}
+        right = httpx.post(f"{head}/servers/equivalence/verify", json=_equivalence_body("Darwin"), headers=auth,
+                           timeout=60).json()
+        assert right["reward"] == 1.0 and len(right["judge_evaluations"]) == 2, right
+        wrong = httpx.post(f"{head}/servers/equivalence/verify", json=_equivalence_body("Lamarck"), headers=auth,
+                           timeout=60).json()
+        assert wrong["reward"] == 0.0 and not wrong["mask_sample"]
+    finally:
+        launcher.kill()

@@ -295,5 +295,13 @@ def test_judge_named_by_instance_is_resolved_through_the_head(tmp_path) -> None:
         wrong = httpx.post(f"{head}/servers/equivalence/verify", json=_equivalence_body("Lamarck"), headers=auth,
                            timeout=60).json()
         assert wrong["reward"] == 0.0 and not wrong["mask_sample"]
+        judge_stats = None
+        for _ in range(120):  # the head samples /metrics every few seconds: the dashboard shows the judge
+            data = httpx.get(f"{head}/dashboard/data", headers=auth, timeout=30).json()
+            judge_stats = next((e["judge"] for e in data["environments"] if e["name"] == "equivalence"), None)
+            if judge_stats and judge_stats.get("calls") == 3:
+                break
+            threading.Event().wait(0.25)
+        assert judge_stats == {"calls": 3.0}, judge_stats  # no cache hit, no failure yet: no such series
     finally:
         launcher.kill()

@@ -26,7 +26,7 @@ import re
 import string
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -192,12 +192,10 @@ class Evaluation:
     text: str
     request: dict[str, Any]
     response: dict[str, Any]
-    cached: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    cached: bool = False  # answered from the cache (not in the record: a re-verify must give the same reply)
 
     def record(self) -> dict[str, Any]:
-        return {"responses_create_params": self.request, "response": self.response, "verdict_label": self.verdict,
-                "cached": self.cached, **self.extra}
+        return {"responses_create_params": self.request, "response": self.response, "verdict_label": self.verdict}
 
 
 class TokenBucket:
@@ -294,7 +292,7 @@ class Judge:
             verdict = parse(text)
         except UnparseableVerdict as exc:
             self._observe_failure("unparseable")
-            record = {"responses_create_params": body, "response": response, "verdict_label": None, "cached": cached}
+            record = {"responses_create_params": body, "response": response, "verdict_label": None}
             raise JudgeFailure(f"judge {self.target}: {exc}: {text[:300]!r}", evaluations=[record]) from None
         if self.metrics:
             self.metrics.verdicts.labels(judge=self.target, verdict=verdict).inc()

@@ -133,7 +133,7 @@ def test_cache_answers_a_reverify_without_calling_the_judge(math, judge) -> None
     again = _math(math, "a half")
     assert _calls(judge) == before
     assert again["reward"] == first["reward"] == 1.0
-    assert [e["cached"] for e in again["judge_evaluations"]] == [True, True]
+    assert again["judge_evaluations"] == first["judge_evaluations"]  # a re-verify gives the same reply
     metrics = math.get("/metrics").text
     assert f'gymserve_judge_cache_hits_total{{judge="{judge.url}"}}' in metrics
     assert f'gymserve_judge_calls_total{{judge="{judge.url}",outcome="ok"}}' in metrics

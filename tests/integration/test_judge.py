@@ -305,3 +305,17 @@ def test_judge_named_by_instance_is_resolved_through_the_head(tmp_path) -> None:
         assert judge_stats == {"calls": 3.0}, judge_stats  # no cache hit, no failure yet: no such series
     finally:
         launcher.kill()
+
+
+def test_judge_answering_an_error_or_not_a_model_is_masked(judge) -> None:
+    """A judge URL whose server has no such endpoint (404: not retried) or is not listening at all."""
+    from services.core.loader import free_port
+
+    with ServerProcess("resources/equivalence_llm_judge", f"judge_model_server={judge.url}",
+                       "judge_api=chat_completions", "judge_deadline_s=5") as wrong_api:
+        reply = wrong_api.post("/verify", _equivalence_body("Darwin")).json()
+        assert reply["mask_sample"] is True and reply["failure_kind"] == "upstream" and "404" in reply["failure_reason"]
+    with ServerProcess("resources/equivalence_llm_judge", f"judge_model_server=http://127.0.0.1:{free_port()}",
+                       "judge_retries=1", "judge_backoff_s=0.05", "judge_deadline_s=10") as nobody:
+        reply = nobody.post("/verify", _equivalence_body("Darwin")).json()
+        assert reply["mask_sample"] is True and reply["failure_kind"] == "upstream" and reply["judge_evaluations"] == []

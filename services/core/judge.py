@@ -78,6 +78,19 @@ class JudgeConfig(ResourceConfig):
         return value
 
 
+# Training data a policy server in training mode attaches to output items: of no use in a judge's record.
+TOKEN_DATA = frozenset({"prompt_token_ids", "generation_token_ids", "generation_log_probs"})
+
+
+def without_token_data(response: dict[str, Any]) -> dict[str, Any]:
+    """`response` without token IDs and logprobs on its output items (the policy can be the judge)."""
+    output = response.get("output")
+    if not isinstance(output, list) or not any(isinstance(i, dict) and TOKEN_DATA & i.keys() for i in output):
+        return response
+    items = [{k: v for k, v in i.items() if k not in TOKEN_DATA} if isinstance(i, dict) else i for i in output]
+    return {**response, "output": items}
+
+
 def judge_target(config: JudgeConfig) -> str | None:
     """The judge's instance name or URL as one string (the metrics label and the cache key's prefix)."""
     ref = config.judge_model_server
@@ -363,6 +376,7 @@ class Judge:
             raise JudgeFailure(f"judge {self.target}: reply is not JSON: {content[:200]!r}") from None
         if not isinstance(response, dict):
             raise JudgeFailure(f"judge {self.target}: reply is not a JSON object")
+        response = without_token_data(response)
         if self.config.judge_api == "responses":
             if not isinstance(response.get("output"), list):
                 raise JudgeFailure(f"judge {self.target}: reply has no `output` list (not a Responses object)")

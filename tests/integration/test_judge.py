@@ -219,6 +219,7 @@ def test_real_hf_judge() -> None:
         reply = env.post("/verify", _equivalence_body("Darwin"), timeout=600).json()
         evaluations = reply["judge_evaluations"]
         assert evaluations and evaluations[0]["response"]["output"], reply
+        assert "generation_token_ids" not in evaluations[0]["response"]["output"][-1]  # the policy's token data
         if reply["mask_sample"]:
             assert reply["failure_kind"] == "upstream" and "verdict label" in reply["failure_reason"]
         else:

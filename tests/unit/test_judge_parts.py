@@ -72,3 +72,13 @@ def test_token_bucket_refuses_a_wait_past_the_deadline() -> None:
         with pytest.raises(TimeoutError, match="rate limit"):
             await bucket.take(time.monotonic() + 0.5)  # the next token is ~2 s away
     asyncio.run(main())
+
+
+def test_token_data_is_left_out_of_judge_records() -> None:
+    from services.core.judge import without_token_data
+
+    response = {"output": [{"type": "message", "content": [], "prompt_token_ids": [1], "generation_token_ids": [2],
+                            "generation_log_probs": [-0.1]}], "id": "r"}
+    assert without_token_data(response) == {"output": [{"type": "message", "content": []}], "id": "r"}
+    plain = {"output": [{"type": "message", "content": []}]}
+    assert without_token_data(plain) is plain

@@ -320,3 +320,12 @@ def test_judge_answering_an_error_or_not_a_model_is_masked(judge) -> None:
                        "judge_retries=1", "judge_backoff_s=0.05", "judge_deadline_s=10") as nobody:
         reply = nobody.post("/verify", _equivalence_body("Darwin")).json()
         assert reply["mask_sample"] is True and reply["failure_kind"] == "upstream" and reply["judge_evaluations"] == []
+
+
+def test_identical_questions_in_flight_share_one_judge_call(math, judge) -> None:
+    body = {"responses_create_params": {"input": [{"role": "user", "content": "Half?"}]},
+            "expected_answer": "\\frac{1}{2}", "response": response_with_text("\\boxed{one over two}")}
+    before = _calls(judge)
+    out = math.post("/verify/batch", [body] * 4, timeout=60).json()
+    assert [r["reward"] for r in out] == [1.0] * 4
+    assert _calls(judge) == before + 2  # both orders, once for all four

@@ -19,6 +19,7 @@ DIFFERENT = "My final verdict is [[A!=B]]"
 RULES = [
     {"match": "RATELIMITED_ONCE", "times": 1, "status": 429, "retry_after": 1, "error": "slow down"},
     {"match": "RATELIMITED_LONG", "status": 429, "retry_after": 120, "error": "slow down"},
+    {"match": "FLAKY", "times": 1, "status": 503, "error": "overloaded"},
     {"match": A_FIRST + "ORDERDEP", "text": DIFFERENT},   # the judge flips when the answers swap
     {"match": "GARBLE", "text": "They look the same to me."},
     {"match": "CONFLICT", "text": "Either [[A=B]] or [[A!=B]], hard to say."},
@@ -125,6 +126,8 @@ def test_math_429_retry_after_is_honoured(math, judge) -> None:
     assert reply["mask_sample"] is True and reply["failure_kind"] == "timeout"
     assert "no room for a retry" in reply["failure_reason"] and "429" in reply["failure_reason"]
     assert _calls(judge) == before + 1
+    before = _calls(judge)  # a 503 is retried like a connection error
+    assert _math(math, "FLAKY")["reward"] == 1.0 and _calls(judge) == before + 3
 
 
 def test_cache_answers_a_reverify_without_calling_the_judge(math, judge) -> None:

@@ -25,6 +25,7 @@ RULES = [
     {"match": "CONFLICT", "text": "Either [[A=B]] or [[A!=B]], hard to say."},
     {"match": "SLOWPOKE", "sleep": 60, "text": EQUAL},
     {"match": "HANGUP", "sleep": 60, "text": EQUAL},
+    {"match": "SLOWISH", "sleep": 2, "text": EQUAL},
     {"match": "seven|Lamarck", "text": DIFFERENT},
     {"match": ".", "text": EQUAL},
 ]
@@ -178,7 +179,8 @@ def test_equivalence_judge(judge) -> None:
 
 def test_judge_killed_mid_request_and_rate_limit() -> None:
     """A judge process killed while answering masks the sample (upstream); a token bucket of one call
-    per 10 s lets the first question through and times out the second, counted at the judge."""
+    per 10 s lets the first question through and times out the second, counted at the judge; a
+    concurrency bound of one serializes judge calls."""
     with _judge() as dying, ServerProcess("resources/equivalence_llm_judge", f"judge_model_server={dying.url}",
                                           "judge_deadline_s=20", "judge_retries=1", "judge_backoff_s=0.05") as env:
         result: dict = {}
@@ -195,12 +197,18 @@ def test_judge_killed_mid_request_and_rate_limit() -> None:
         reply = result["reply"]
         assert reply["mask_sample"] is True and reply["failure_kind"] == "upstream"
     with _judge() as judge, ServerProcess("resources/equivalence_llm_judge", f"judge_model_server={judge.url}",
-                                          "judge_rate_per_s=0.1", "judge_deadline_s=2") as env:
+                                          "judge_rate_per_s=0.1", "judge_deadline_s=2") as env, \
+            ServerProcess("resources/equivalence_llm_judge", f"judge_model_server={judge.url}", "check_twice_swap=false",
+                          "judge_endpoint_max_concurrency=1", "judge_deadline_s=3", name="one_at_a_time") as serial:
+        # one judge call at a time: the second question waits for the first (2 s), leaving it too little of
+        # its 3 s deadline; unbounded, both would be answered
+        out = serial.post("/verify/batch", [_equivalence_body("SLOWISH a"), _equivalence_body("SLOWISH b")]).json()
+        assert sorted(str(r.get("failure_kind")) for r in out) == ["None", "timeout"], out
         reply = env.post("/verify", _equivalence_body("Darwin")).json()
         assert reply["mask_sample"] is True and reply["failure_kind"] == "timeout"
         assert "rate limit" in reply["failure_reason"]
         assert [e["verdict_label"] for e in reply["judge_evaluations"]] == ["[[A=B]]"]
-        assert _calls(judge) == 1
+        assert _calls(judge) == 3  # the rate-limited question, then the two serial ones
 
 
 def test_judge_config_errors_name_the_option(judge) -> None:

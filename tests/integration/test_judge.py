@@ -25,7 +25,7 @@ RULES = [
     {"match": "CONFLICT", "text": "Either [[A=B]] or [[A!=B]], hard to say."},
     {"match": "SLOWPOKE", "sleep": 60, "text": EQUAL},
     {"match": "HANGUP", "sleep": 60, "text": EQUAL},
-    {"match": "SLOWISH", "sleep": 2, "text": EQUAL},
+    {"match": "SLOWISH", "sleep": 3, "text": EQUAL},
     {"match": "seven|Lamarck", "text": DIFFERENT},
     {"match": ".", "text": EQUAL},
 ]
@@ -199,9 +199,9 @@ def test_judge_killed_mid_request_and_rate_limit() -> None:
     with _judge() as judge, ServerProcess("resources/equivalence_llm_judge", f"judge_model_server={judge.url}",
                                           "judge_rate_per_s=0.1", "judge_deadline_s=2") as env, \
             ServerProcess("resources/equivalence_llm_judge", f"judge_model_server={judge.url}", "check_twice_swap=false",
-                          "judge_endpoint_max_concurrency=1", "judge_deadline_s=3", name="one_at_a_time") as serial:
-        # one judge call at a time: the second question waits for the first (2 s), leaving it too little of
-        # its 3 s deadline; unbounded, both would be answered
+                          "judge_endpoint_max_concurrency=1", "judge_deadline_s=5", name="one_at_a_time") as serial:
+        # one judge call at a time: the second question waits for the first (3 s), leaving it too little of
+        # its 5 s deadline; unbounded, both would be answered
         out = serial.post("/verify/batch", [_equivalence_body("SLOWISH a"), _equivalence_body("SLOWISH b")]).json()
         assert sorted(str(r.get("failure_kind")) for r in out) == ["None", "timeout"], out
         reply = env.post("/verify", _equivalence_body("Darwin")).json()

@@ -22,6 +22,7 @@ from .app import SESSION_COOKIE, create_app, read_json, session_id
 from .config import ServerConfig, describe_validation_error
 from .errors import BadRequest, Conflict, GymError
 from .failures import FailureKind
+from .metrics import Metrics
 from .metrics_agg import aggregate_metrics
 from .openapi import SESSION_HEADER, describe, list_of
 from .pool import TaskError, WorkerFailure, WorkerPool
@@ -80,6 +81,7 @@ class Environment:
         self.config = config
         self.pool: WorkerPool | None = None
         self.sessions: dict[str, Session] = {}
+        self.metrics: Metrics | None = None  # the server's metrics, set when the app is built
 
     # ---- hooks an environment may override -------------------------------- #
     async def startup(self) -> None:
@@ -209,6 +211,7 @@ def create_resource_app(env: Environment) -> FastAPI:
                      description=env.description, ready_details=env.ready_details)
     metrics = app.state.metrics
     app.state.env = env
+    env.metrics = metrics
 
     def count(reply: VerifyReply) -> VerifyReply:
         """Every verify reply passes here: conformed to the environment's reply model; masked ones

@@ -136,6 +136,12 @@ def _size(tree: Path) -> int:
     return total
 
 
+def _reachable(path: Path) -> bool:
+    """Every directory down to `path` is searchable by any user (bwrap runs as the sandbox uid)."""
+    parts = path.resolve().parts
+    return all(os.stat(os.path.join(*parts[:i])).st_mode & 0o001 for i in range(1, len(parts) + 1))
+
+
 def _chown_tree(tree: Path, uid: int) -> None:
     for dirpath, dirs, files in os.walk(tree):
         os.lchown(dirpath, uid, uid)
@@ -179,6 +185,9 @@ class BwrapProvider(Provider):
         if not self.bwrap:
             raise WorkspaceError(f"bubblewrap not found ({self.bwrap_name!r}): apt-get install bubblewrap")
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.spawn_uid is not None and not _reachable(self.root):
+            raise WorkspaceError(f"uid {self.spawn_uid} cannot reach {self.root}: set GYMSERVE_SANDBOX_DIR to a "
+                                 "folder every user may traverse (e.g. under /tmp)")
         await asyncio.to_thread(reclaim_folders, self.root)
         try:
             await self.probe()

@@ -122,9 +122,8 @@ class WorkspaceEnvironment(Environment):
         return ws
 
     async def run_tool(self, session: Session, coro_fn: Any, *args: Any) -> dict[str, Any]:
-        try:
-            async with session.lock:
-                result = await coro_fn(*args)
+        try:  # the server already serializes a session's tool calls (its lock is held here)
+            result = await coro_fn(*args)
         except WorkspaceError as exc:
             log.error("sandbox failure in a tool: %s", exc)
             raise Unavailable(f"sandbox: {exc}", kind=FailureKind.SANDBOX) from None

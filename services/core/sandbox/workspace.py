@@ -99,7 +99,9 @@ class Workspace(abc.ABC):
 
     async def init_base(self) -> None:
         """Make the tree a git repository (if it is none) and remember its state as the base."""
-        await self.must(f"[ -d .git ] || {_GIT} init -q . ", what="git init")
+        # byte-code caches are never part of a change
+        await self.must(f"{{ [ -d .git ] || {_GIT} init -q . ; }} && mkdir -p .git/info && printf '__pycache__/\\n*.pyc\\n' >> .git/info/exclude",
+                        what="git init")
         self.base = await self.snapshot()
 
 

@@ -4,7 +4,9 @@ Each `exec` is `bwrap` with every namespace unshared (no network), uid/gid 65534
 root holding only the host's /usr (+ the /bin, /lib links; Debian's python3, pytest and git), a private
 size-capped /tmp, no environment but PATH/HOME/LANG, and `--die-with-parent` in its own pid
 namespace (killing bwrap kills everything the command started). rlimits: CPU, address space,
-file size, processes. As root, bwrap itself starts as uid 65534 so the process limit applies (it
+file size, processes. The workspace is a host folder: each file is capped (`file_mb`) and the
+total is checked after every command (a command that leaves more than `disk_mb` fails with a
+message); a hard total cap needs the docker provider (a size-capped tmpfs). As root, bwrap itself starts as uid 65534 so the process limit applies (it
 never applies to root) and the folder belongs to that uid. Folders live under
 `$GYMSERVE_SANDBOX_DIR` (default: the system temporary directory) with an owner marker beside
 the tree, so the janitor can remove what a killed server left.
@@ -119,7 +121,7 @@ class BwrapWorkspace(Workspace):
         used = await asyncio.to_thread(_size, self.tree)
         if used > lim.disk_mb << 20:
             result.stderr += (f"\n[workspace holds {used >> 20} MB, over its {lim.disk_mb} MB limit: "
-                              "remove files, further commands are refused until then]")
+                              "remove files]")
             result.exit_code = result.exit_code or 1
         return result
 

@@ -25,7 +25,13 @@ from .workspace import OWNER_LABEL, WORKDIR, ExecResult, Limits, Provider, Works
 
 log = logging.getLogger("gymserve.sandbox")
 ROLE_LABEL = "gymserve.sandbox"
-_LIMITS = 'ulimit -c 0 -t "$1" -f "$2" && shift 2 && exec /bin/bash -c "$1"'
+TIMEOUT_MARK = "\n[gymserve: wall-clock limit]"
+# The exec's main process: runs the command with its limits, kills it at the wall-clock limit, and
+# afterwards kills every process of the sandbox user but itself and pid 1 (`kill -1`, a builtin that
+# needs no free pid), so nothing a command left behind (a fork bomb, a daemon) outlives it, as with bwrap.
+_RUN = ('ulimit -c 0 -t "$1" -f "$2" || exit 125; exec 3<&0; /bin/bash -c "$4" <&3 & job=$!; exec 3<&-; '
+        f'{{ sleep "$3"; printf %s "{TIMEOUT_MARK.strip()}" >&2; kill -KILL $job; }} & '
+        '{ wait $job; } 2>/dev/null; rc=$?; kill -KILL -1 2>/dev/null; exit $rc')
 
 
 def run_args(name: str, image: str, limits: Limits, *, extra: list[str] | None = None) -> list[str]:
@@ -49,11 +55,14 @@ class DockerWorkspace(Workspace):
     async def exec(self, command: str, *, stdin: bytes = b"", timeout_s: float | None = None) -> ExecResult:
         lim = self.limits
         wall = timeout_s or lim.wall_s
-        argv = [self.provider.docker, "exec", "-i", self.id, "timeout", "-s", "KILL", str(int(wall) + 1),
-                "/bin/bash", "-c", _LIMITS, "limits", str(lim.cpu_s), str(lim.file_mb << 10), command]
+        argv = [self.provider.docker, "exec", "-i", self.id, "/bin/bash", "-c", _RUN, "run", str(lim.cpu_s),
+                str(lim.file_mb << 10), f"{wall:.3f}", command]
         result = await run_process(argv, stdin, wall + 10, lim.output_bytes)
-        if result.exit_code == 137 and not result.stdout and not result.stderr:
-            result.timed_out, result.exit_code = True, None  # `timeout -s KILL` fired inside
+        if result.exit_code == 137 and TIMEOUT_MARK.strip() in result.stderr:
+            result.stderr = result.stderr.replace(TIMEOUT_MARK.strip(), "")
+            result.timed_out, result.exit_code = True, None
+        elif result.timed_out:  # the client gave up: kill what runs inside
+            await self.provider.cli("exec", self.id, "/bin/bash", "-c", "kill -KILL -1", wall_s=30)
         if result.exit_code in (125, 126) and result.stderr.startswith("Error"):
             raise WorkspaceError(f"docker exec failed: {result.stderr.strip()[-400:]}")
         return result

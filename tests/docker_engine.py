@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
-PREPARE = 'source deploy/docker/engine.sh && gymserve_engine >&2 && echo "engine=$ENGINE_STARTED" && bash deploy/docker/sandbox.sh'
+PREPARE = ('source deploy/docker/engine.sh && gymserve_engine >&2 && echo "engine=$ENGINE_STARTED" '
+           '&& bash deploy/docker/sandbox.sh')
 
 
 def engine_and_image() -> Iterator[str]:

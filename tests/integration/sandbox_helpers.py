@@ -13,7 +13,7 @@ from typing import Iterator
 @contextlib.contextmanager
 def sandbox_dir() -> Iterator[Path]:
     where = Path(tempfile.mkdtemp(prefix="gymserve-test-ws-"))
-    os.chmod(where, 0o711)
+    os.chmod(where, 0o755)
     try:
         yield where
     finally:

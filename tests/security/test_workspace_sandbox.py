@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator, Iterator
 
 import pytest
 
-from services.core.sandbox.bwrap import BwrapProvider
+from services.core.sandbox.folder import BwrapProvider
 from services.core.sandbox.docker import DockerProvider, DockerWorkspace, run_args
 from services.core.sandbox.workspace import Limits, Provider, Workspace
 from tests.docker_engine import containers, engine_and_image

@@ -1,262 +1,236 @@
-"""The bubblewrap provider (the default): a host folder bound as `/workspace` in a fresh sandbox per command.
+"""The hardened bubblewrap command line and the start-up probe, shared by every sandbox.
 
-Each `exec` is `bwrap` with every namespace unshared (no network), uid/gid 65534 inside, a read-only
-root holding only the host's /usr (+ the /bin, /lib links; Debian's python3, pytest and git), a private
-size-capped /tmp, no environment but PATH/HOME/LANG, and `--die-with-parent` in its own pid
-namespace (killing bwrap kills everything the command started). rlimits: CPU, address space,
-file size, processes. The workspace is a host folder: each file is capped (`file_mb`) and the
-total is checked after every command (a command that leaves more than `disk_mb` fails with a
-message); a hard total cap needs the docker provider (a size-capped tmpfs). As root, bwrap itself starts as uid 65534 so the process limit applies (it
-never applies to root) and the folder belongs to that uid. Folders live under
-`$GYMSERVE_SANDBOX_DIR` (default: the system temporary directory) with an owner marker beside
-the tree, so the janitor can remove what a killed server left.
+Why one place: each environment that runs untrusted code (the code REPL and `/verify`, workspaces)
+must get the same guarantees, and a flag forgotten in one copy is an escape. What it promises:
+
+- never root outside: bwrap is never started as uid 0 (`unprivileged()` drops root to
+  `SANDBOX_UID` before exec'ing it; cgroup set-up happens before the drop), so the user namespace
+  maps the sandbox user onto an unprivileged uid. No `--dev` (it makes bwrap nest a second user
+  namespace in which `/proc/self/uid_map` reads as uid 0); /dev is built from single device binds;
+- `/proc/sys` and `/proc/sysrq-trigger` read-only, `/dev` read-only except a sized `/dev/shm`;
+- every writable place is a size-capped tmpfs: /tmp (the work dir) and /dev/shm share `tmp_mb`,
+  and tmpfs pages are charged to the sandbox's memory cgroup where there is one;
+- a fresh read-only root with only /usr, the interpreter and the `binds` given, no network,
+  a clean environment, no nested user namespaces.
+
+`PROBE` is a program to run inside such a sandbox at start-up, `host_uids()` reads a running
+sandbox's uids from outside; `probe_problems()` lists from both why the server must refuse to serve
+(the sandbox user is uid 0 outside, a global sysctl opens for writing). The probe opens files with
+O_WRONLY and closes them unwritten.
 """
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
+import dataclasses
+import importlib.util
+import json
 import os
-import shutil
-import signal
 import sys
-import tempfile
-import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping, Sequence
 
-from . import owner
-from .workspace import WORKDIR, ExecResult, Limits, Provider, Workspace, WorkspaceError
-
-log = logging.getLogger("gymserve.sandbox")
 SANDBOX_UID = 65534
-PREFIX = "gymserve-ws-"
+INSIDE_PATH = "/usr/local/bin:/usr/bin:/bin"
+SITE_DIR = "/opt/gymserve/site"
+# importable inside the sandbox: bound read-only from this interpreter's environment (the versions
+# pinned by the project's install), one directory per package, nothing else of site-packages
+SANDBOX_PACKAGES = ("numpy", "sympy", "mpmath")
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+
+
+@dataclasses.dataclass(frozen=True)
+class Bind:
+    """`src` (outside) visible at `dest` (inside); read-only unless `writable`."""
+
+    src: str
+    dest: str
+    writable: bool = False
+
+
+def shm_mb(tmp_mb: int) -> int:
+    """The part of the `tmp_mb` budget that /dev/shm gets (the rest is /tmp)."""
+    return max(1, tmp_mb // 8)
+
+
+def bwrap_argv(bwrap: str, *, tmp_mb: int, binds: Sequence[Bind] = (), env: Mapping[str, str] | None = None,
+               proc: bool = True, disable_userns: bool = True, seccomp_fd: int | None = None,
+               status_fd: int | None = None, chdir: str = "/tmp", hostname: str = "sandbox") -> list[str]:
+    """The bwrap argv (without the command) for a sandbox with these binds and a `tmp_mb` writable budget.
+
+    `env` replaces the whole environment (default PATH, HOME=/tmp, LANG). `proc=False` mounts no
+    /proc (container runtimes that mask /proc paths forbid a fresh one); then only a seccomp filter
+    keeps nested namespaces out, so pass `disable_userns=False` only together with `seccomp_fd`.
+    Start the result through `unprivileged()` when this process may be root.
+    """
+    env = dict(env) if env is not None else {"PATH": INSIDE_PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}
+    shm = shm_mb(tmp_mb)
+    args = [bwrap, "--unshare-all", "--unshare-user", *(["--disable-userns"] if disable_userns else []),
+            "--die-with-parent", "--new-session", "--clearenv"]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    args += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", hostname, "--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    if os.path.exists("/etc/ld.so.cache"):
+        args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    for bind in binds:
+        args += ["--bind" if bind.writable else "--ro-bind", bind.src, bind.dest]
+    if proc:
+        # bwrap covers /proc/sys only when it does not create the user namespace itself: do it always
+        args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
+                 "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
+    else:
+        args += ["--dir", "/proc"]
+    args += ["--size", str(shm << 20), "--tmpfs", "/dev"]
+    for name in _DEVICES:
+        args += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        args += ["--symlink", target, f"/dev/{name}"]
+    args += ["--size", str(shm << 20), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+             "--size", str(max(1, tmp_mb - shm) << 20), "--tmpfs", "/tmp", "--chdir", chdir]
+    if status_fd is not None:
+        args += ["--json-status-fd", str(status_fd)]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
+    return [*args, "--remount-ro", "/"]
+
+
 _DROP = ("import os, sys; uid = int(sys.argv[1]); os.setgroups([]); os.setgid(uid); os.setuid(uid); "
          "os.execv(sys.argv[2], sys.argv[2:])")
-_LIMITS = 'ulimit -c 0 -t "$1" -v "$2" -f "$3" -u "$4" && shift 4 && exec /bin/bash -c "$1"'
 
 
-def sandbox_root() -> Path:
-    return Path(os.environ.get("GYMSERVE_SANDBOX_DIR") or tempfile.gettempdir())
+def unprivileged(argv: list[str], uid: int = SANDBOX_UID) -> list[str]:
+    """`argv` run as `uid` (groups cleared) when this process is root, unchanged otherwise.
+
+    A tiny launcher drops root and execs: not `create_subprocess_exec(user=...)` (uvloop rejects
+    it) nor a `preexec_fn` (unsafe with threads). Put cgroup joins before it in the chain.
+    """
+    if os.geteuid() != 0:
+        return argv
+    return [os.path.realpath(sys.executable), "-I", "-S", "-c", _DROP, str(uid), *argv]
 
 
-async def pump(stream: asyncio.StreamReader | None, buf: bytearray, limit: int, over: asyncio.Event) -> None:
-    """Read a pipe to its end, keeping at most `limit` bytes; sets `over` when more came."""
-    assert stream is not None
-    while chunk := await stream.read(65536):
-        room = limit - len(buf)
-        buf += chunk[: max(room, 0)]
-        if len(chunk) > room:
-            over.set()
-            return
+def spawn_uid() -> int:
+    """The uid bwrap runs as when started through `unprivileged()`: what the sandbox maps onto."""
+    return SANDBOX_UID if os.geteuid() == 0 else os.geteuid()
 
 
-async def run_process(argv: list[str], stdin: bytes, wall_s: float, output_bytes: int, *,
-                      env: dict[str, str] | None = None) -> ExecResult:
-    """Run `argv` in its own process group with a wall-clock kill and capped output."""
-    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
-                                                cwd="/")
-    out, err, over = bytearray(), bytearray(), asyncio.Event()
-
-    async def feed() -> None:
-        assert proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError, OSError):
-            proc.stdin.write(stdin)
-            await proc.stdin.drain()
-            proc.stdin.close()
-
-    def kill() -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-
-    feeder = asyncio.ensure_future(feed())
-    watcher = asyncio.ensure_future(over.wait())
-    work = asyncio.ensure_future(asyncio.gather(pump(proc.stdout, out, output_bytes, over),
-                                                pump(proc.stderr, err, output_bytes, over), proc.wait()))
-    timed_out = False
-    try:
-        done, _ = await asyncio.wait({work, watcher}, timeout=wall_s, return_when=asyncio.FIRST_COMPLETED)
-        timed_out = not done
-    finally:
-        if not work.done():
-            kill()
-        for task in (feeder, watcher, work):
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(proc.wait(), 10.0)
-    code = proc.returncode
-    killed = timed_out or over.is_set()
-    return ExecResult(out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
-                      None if killed else (128 - code if code is not None and code < 0 else code),
-                      timed_out=timed_out, output_exceeded=over.is_set())
-
-
-class BwrapWorkspace(Workspace):
-    def __init__(self, provider: BwrapProvider, root: Path, limits: Limits) -> None:
-        super().__init__(root.name, limits)
-        self.provider = provider
-        self.root = root
-        self.tree = root / "tree"
-
-    async def exec(self, command: str, *, stdin: bytes = b"", timeout_s: float | None = None) -> ExecResult:
-        if not self.tree.is_dir():
-            raise WorkspaceError(f"workspace {self.id} is gone")
-        lim = self.limits
-        argv = [*self.provider.bwrap_args(self.tree, lim), "/bin/bash", "-c", _LIMITS, "limits", str(lim.cpu_s),
-                str(lim.memory_mb << 10), str(lim.file_mb << 10), str(lim.pids), command]
-        if self.provider.spawn_uid is not None:
-            argv = [os.path.realpath(sys.executable), "-I", "-S", "-c", _DROP, str(self.provider.spawn_uid), *argv]
+def reachable_by(path: str, uid: int) -> bool:
+    """Whether `uid` (not root) can reach `path`: every directory above it searchable by others or
+    owned by `uid`, and `path` itself readable the same way."""
+    parts = Path(path).parts
+    for i in range(1, len(parts) + 1):
         try:
-            result = await run_process(argv, stdin, timeout_s or lim.wall_s, lim.output_bytes,
-                                       env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
-        except OSError as exc:
-            raise WorkspaceError(f"could not start bubblewrap: {exc}") from exc
-        if result.exit_code == 1 and not result.stdout and result.stderr.startswith("bwrap: "):
-            raise WorkspaceError(f"sandbox failed: {result.stderr.strip()[-400:]}")
-        used = await asyncio.to_thread(_size, self.tree)
-        if used > lim.disk_mb << 20:
-            result.stderr += (f"\n[workspace holds {used >> 20} MB, over its {lim.disk_mb} MB limit: "
-                              "remove files]")
-            result.exit_code = result.exit_code or 1
-        return result
-
-    async def destroy(self) -> None:
-        await asyncio.to_thread(shutil.rmtree, self.root, True)
-
-
-def _size(tree: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(tree):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-    return total
-
-
-def _reachable(path: Path) -> bool:
-    """Every directory down to `path` is searchable by any user (bwrap runs as the sandbox uid)."""
-    parts = path.resolve().parts
-    return all(os.stat(os.path.join(*parts[:i])).st_mode & 0o001 for i in range(1, len(parts) + 1))
-
-
-def _chown_tree(tree: Path, uid: int) -> None:
-    for dirpath, dirs, files in os.walk(tree):
-        os.lchown(dirpath, uid, uid)
-        for name in dirs + files:
-            os.lchown(os.path.join(dirpath, name), uid, uid)
-
-
-class BwrapProvider(Provider):
-    name = "bwrap"
-
-    def __init__(self, *, bwrap: str = "bwrap", root: Path | None = None) -> None:
-        self.bwrap_name = bwrap
-        self.root = root or sandbox_root()
-        self.bwrap: str | None = None
-        self.spawn_uid = SANDBOX_UID if os.geteuid() == 0 else None
-        self.proc_mount = True
-
-    def bwrap_args(self, tree: Path, limits: Limits) -> list[str]:
-        assert self.bwrap
-        path = "/usr/local/bin:/usr/bin:/bin"
-        args = [self.bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--clearenv",
-                "--setenv", "PATH", path, "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
-                "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
-                "--ro-bind", "/usr", "/usr"]
-        if self.proc_mount:
-            args[4:4] = ["--disable-userns"]
-        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-            if os.path.islink(top):
-                args += ["--symlink", os.readlink(top), top]
-            elif os.path.isdir(top):
-                args += ["--ro-bind", top, top]
-        if os.path.exists("/etc/ld.so.cache"):
-            args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-        args += ["--proc" if self.proc_mount else "--dir", "/proc", "--dev", "/dev",
-                 "--size", str(64 << 20), "--tmpfs", "/tmp", "--bind", str(tree), WORKDIR, "--chdir", WORKDIR,
-                 "--remount-ro", "/"]
-        return args
-
-    async def start(self) -> None:
-        self.bwrap = shutil.which(self.bwrap_name)
-        if not self.bwrap:
-            raise WorkspaceError(f"bubblewrap not found ({self.bwrap_name!r}): apt-get install bubblewrap")
-        self.root.mkdir(parents=True, exist_ok=True)
-        if self.spawn_uid is not None and not _reachable(self.root):
-            raise WorkspaceError(f"uid {self.spawn_uid} cannot reach {self.root}: set GYMSERVE_SANDBOX_DIR to a "
-                                 "folder every user may traverse (e.g. under /tmp)")
-        await asyncio.to_thread(reclaim_folders, self.root)
-        try:
-            await self.probe()
-        except WorkspaceError as exc:
-            if "proc" not in str(exc):
-                raise
-            # a container runtime that masks /proc paths forbids a fresh procfs in a user namespace
-            self.proc_mount = False
-            await self.probe()
-
-    async def probe(self) -> None:
-        """The isolation holds: uid 65534, clean environment, no network, read-only root, writable workspace."""
-        ws = await self.create(image=None, folder=None, limits=Limits(wall_s=30))
-        try:
-            check = ('[ "$(id -u)" = 65534 ] || { echo "uid $(id -u)"; exit 1; }; '
-                     '[ -z "${GYMSERVE_API_KEY:-}" ] || { echo "environment leaks"; exit 1; }; '
-                     '! touch /usr/x 2>/dev/null || { echo "root writable"; exit 1; }; '
-                     '! timeout 3 bash -c "exec 3<>/dev/tcp/192.0.2.1/9" 2>/dev/null || { echo network; exit 1; }; '
-                     'echo ok > probe && cat probe')
-            result = await ws.exec(check)
-            if result.exit_code != 0 or "ok" not in result.stdout:
-                raise WorkspaceError(f"bwrap probe failed: {(result.stdout + result.stderr).strip()[-400:]}")
-        finally:
-            await ws.destroy()
-
-    async def create(self, *, image: str | None, folder: Path | None, limits: Limits) -> Workspace:
-        if image:
-            raise WorkspaceError(f"the bwrap provider runs on the host's /usr and cannot use image {image!r}; "
-                                 "give the task a folder or use sandbox_provider=docker")
-        root = self.root / f"{PREFIX}{uuid.uuid4().hex[:16]}"
-        root.mkdir(mode=0o700)
-        (root / "owner").write_text(owner.me())
-        ws = BwrapWorkspace(self, root, limits)
-        try:
-            await asyncio.to_thread(self._fill, root, folder)
-            await ws.init_base()
-        except BaseException:
-            await ws.destroy()
-            raise
-        return ws
-
-    def _fill(self, root: Path, folder: Path | None) -> None:
-        tree = root / "tree"
-        if folder is not None:
-            shutil.copytree(folder, tree, symlinks=True)
-        else:
-            tree.mkdir()
-        if self.spawn_uid is not None:
-            os.chmod(root, 0o711)
-            _chown_tree(tree, self.spawn_uid)
-
-    def describe(self) -> dict[str, Any]:
-        return {"provider": self.name, "proc": self.proc_mount,
-                "process_limit": "rlimit (bwrap started as uid 65534)" if self.spawn_uid else "rlimit"}
-
-
-def reclaim_folders(root: Path) -> int:
-    """Remove workspace folders whose owner server is dead (kill -9 leaves them); returns how many."""
-    removed = 0
-    for path in root.glob(f"{PREFIX}*"):
-        try:
-            who = (path / "owner").read_text()
+            st = os.stat(os.path.join(*parts[:i]))
         except OSError:
+            return False
+        bits = 0o700 if st.st_uid == uid else 0o007
+        need = 0o111 if i < len(parts) else 0o444
+        if not st.st_mode & bits & need:
+            return False
+    return True
+
+
+def package_binds(names: Iterable[str] = SANDBOX_PACKAGES, uid: int | None = None) -> list[Bind]:
+    """Read-only binds under SITE_DIR of these installed packages (and their bundled `.libs`)."""
+    binds: list[Bind] = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
             continue
-        if owner.is_dead(who):
-            shutil.rmtree(path, ignore_errors=True)
-            removed += 1
-    if removed:
-        log.warning("janitor: removed %d workspace folder(s) left by dead servers", removed)
-    return removed
+        pkg = os.path.realpath(list(spec.submodule_search_locations)[0])
+        for src in (pkg, pkg + ".libs"):
+            if os.path.isdir(src) and (uid is None or reachable_by(src, uid)):
+                binds.append(Bind(src, f"{SITE_DIR}/{os.path.basename(src)}"))
+    return binds
+
+
+# Run inside the sandbox; prints one JSON report. Opens with O_WRONLY and closes unwritten.
+PROBE = r'''
+import json, os
+report = {"uid": os.getuid(), "uid_map": None, "writable": []}
+try:
+    with open("/proc/self/uid_map") as f:
+        report["uid_map"] = f.read()
+except OSError:
+    pass
+def _try(path):
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        return
+    os.close(fd)
+    report["writable"].append(path)
+_try("/proc/sysrq-trigger")
+for root, dirs, files in os.walk("/proc/sys"):
+    for name in files:
+        _try(os.path.join(root, name))
+    if len(report["writable"]) > 20:
+        break
+print("gymserve-probe " + json.dumps(report))
+'''
+
+
+def parse_probe(stdout: str) -> dict[str, Any] | None:
+    """The report PROBE printed, or None."""
+    for line in stdout.splitlines():
+        if line.startswith("gymserve-probe "):
+            try:
+                report = json.loads(line.split(" ", 1)[1])
+            except ValueError:
+                return None
+            return report if isinstance(report, dict) else None
+    return None
+
+
+def host_uids(pid: int) -> dict[int, int]:
+    """The real uid of `pid` and of each of its descendants, as this process (outside) sees them.
+
+    Why from outside: inside, /proc/self/uid_map is relative to the parent namespace, and bwrap may
+    nest one (as root with --disable-userns it reads `65534 65534 1` while the code runs as host
+    root); /proc/<pid>/status translates uids into the reader's namespace."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    family, changed = {pid}, True
+    while changed:
+        found = {child for child, parent in parents.items() if parent in family}
+        changed = not found <= family
+        family |= found
+    uids: dict[int, int] = {}
+    for member in family:
+        try:
+            with open(f"/proc/{member}/status") as f:
+                uids[member] = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
+        except (OSError, StopIteration, ValueError):
+            continue
+    return uids
+
+
+def probe_problems(report: dict[str, Any] | None, started_as: int, outside: Mapping[int, int] | None = None) -> list[str]:
+    """Why a sandbox must not be used, from PROBE's report, the uid bwrap was started as and, when
+    given, `host_uids()` of a running sandbox."""
+    if report is None:
+        return ["the sandbox probe printed no report"]
+    problems = []
+    if started_as == 0:
+        problems.append("bwrap would be started as root, so the sandbox user would be root outside")
+    rooted = sorted(pid for pid, uid in (outside or {}).items() if uid == 0)
+    if rooted:
+        problems.append(f"sandbox processes run as uid 0 outside (pids {rooted[:5]})")
+    for line in (report.get("uid_map") or "").splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[1] == "0":
+            problems.append(f"the sandbox user maps onto uid 0 outside (/proc/self/uid_map: {line.strip()!r})")
+    if report.get("writable"):
+        shown = ", ".join(report["writable"][:5])
+        problems.append(f"global kernel settings open for writing inside the sandbox: {shown}")
+    return problems

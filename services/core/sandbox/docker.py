@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from . import owner
-from .bwrap import SANDBOX_UID, run_process
+from .bwrap import SANDBOX_UID
+from .process import run_process
 from .workspace import OWNER_LABEL, WORKDIR, ExecResult, Limits, Provider, Workspace, WorkspaceError
 
 log = logging.getLogger("gymserve.sandbox")

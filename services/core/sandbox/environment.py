@@ -18,7 +18,7 @@ from pydantic import Field
 from ..errors import BadRequest, Unavailable
 from ..failures import FailureKind
 from ..resource import Environment, ResourceConfig, Session, tool
-from .bwrap import BwrapProvider
+from .folder import BwrapProvider
 from .docker import DockerProvider
 from .pool import WorkspacePool
 from .workspace import Limits, Provider, Workspace, WorkspaceError

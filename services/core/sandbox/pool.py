@@ -11,6 +11,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
+from typing import Any, Coroutine
 
 from .workspace import Limits, Provider, Workspace
 
@@ -50,8 +51,8 @@ class WorkspacePool:
             return found
         return await self.provider.create(image=image, folder=folder, limits=self.limits)
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 

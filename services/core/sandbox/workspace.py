@@ -100,8 +100,8 @@ class Workspace(abc.ABC):
     async def init_base(self) -> None:
         """Make the tree a git repository (if it is none) and remember its state as the base."""
         # byte-code caches are never part of a change
-        await self.must(f"{{ [ -d .git ] || {_GIT} init -q . ; }} && mkdir -p .git/info && printf '__pycache__/\\n*.pyc\\n' >> .git/info/exclude",
-                        what="git init")
+        await self.must(f"{{ [ -d .git ] || {_GIT} init -q . ; }} && mkdir -p .git/info "
+                        "&& printf '__pycache__/\\n*.pyc\\n' >> .git/info/exclude", what="git init")
         self.base = await self.snapshot()
 
 
@@ -117,7 +117,7 @@ class Provider(abc.ABC):
     async def create(self, *, image: str | None, folder: Path | None, limits: Limits) -> Workspace:
         """A started workspace holding a copy of `folder` (or the image's `/workspace`), with a base snapshot."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, most providers run nothing of their own
         """Stop what the provider itself runs (workspaces are destroyed by their owners)."""
 
     def describe(self) -> dict[str, Any]:

@@ -41,7 +41,7 @@ def gold_body(row: dict[str, Any]) -> dict[str, Any]:
 def start_latency(server: ServerProcess, samples: int, pause_s: float) -> float:
     times = []
     with httpx.Client(timeout=300) as client:
-        for i in range(samples):
+        for _ in range(samples):
             time.sleep(pause_s)
             t0 = time.perf_counter()
             sid = client.post(f"{server.url}/seed_session", json=ROWS[0]).json()["session_id"]

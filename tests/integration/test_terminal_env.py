@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any, Iterator
@@ -101,3 +102,20 @@ def test_killed_server_leftovers_are_reclaimed() -> None:
         with ServerProcess("resources/terminal", "warm_pool=0", env=env) as second:
             assert not list(where.glob("gymserve-ws-*")), "the janitor left a dead server's folders"
             second.stop()
+
+
+def test_a_failed_sandbox_is_masked_not_zero(server: ServerProcess) -> None:
+    row = ROWS["hello_file"]
+    sid = server.post("/seed_session", row).json()["session_id"]
+    h = {"X-Session-Id": sid}
+    where = Path(server.env["GYMSERVE_SANDBOX_DIR"])
+    # the session's folder disappears under the server (a disk cleaner, an operator): infrastructure
+    assert server.post("/bash", {"command": f"touch {sid}"}, headers=h).json()["exit_code"] == 0
+    mine = [folder for folder in where.glob("gymserve-ws-*") if (folder / "tree" / sid).exists()]
+    assert len(mine) == 1
+    shutil.rmtree(mine[0])
+    tool = server.post("/bash", {"command": "echo hi > hello.txt"}, headers=h)
+    assert tool.status_code == 503 and "sandbox" in tool.text, tool.text
+    reply = server.post("/verify", body(row, []), headers=h).json()
+    assert reply["mask_sample"] is True and reply["failure_kind"] == "sandbox", reply
+    server.post("/close_session", {}, headers=h)

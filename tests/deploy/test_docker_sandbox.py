@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -66,3 +68,26 @@ def test_killed_server_containers_are_reclaimed(image: str) -> None:
     with ServerProcess("resources/terminal", "sandbox_provider=docker", f"sandbox_image={image}", "warm_pool=0",
                        ready_timeout_s=300):
         assert set(containers()) <= before, "the janitor left a dead server's containers"
+
+
+def test_swe_row_with_its_own_task_image(image: str, tmp_path: Path) -> None:
+    """A per-row image holding the repository in /testbed (SWE-bench's layout), built locally FROM the
+    workspace image with a plain `docker build` (no registry, no network), then removed."""
+    row = next(r for r in SWE if r["repo_snapshot"] == "intervals")
+    tag = f"gymserve-test-task-intervals:{os.getpid()}"
+    (tmp_path / "Dockerfile").write_text(f"FROM {image}\nCOPY --chown=65534:65534 repo /testbed\n")
+    shutil.copytree(ROOT / "datasets/swe/repos/intervals", tmp_path / "repo")
+    built = subprocess.run(["docker", "build", "-q", "-t", tag, str(tmp_path)], capture_output=True, text=True,
+                           timeout=600, env={**os.environ, "DOCKER_BUILDKIT": "0"})
+    assert built.returncode == 0, built.stderr
+    try:
+        task_row = {k: v for k, v in row.items() if k != "repo_snapshot"} | {"image": tag}
+        with ServerProcess("resources/swe", "sandbox_provider=docker", f"sandbox_image={image}", "warm_pool=0",
+                           ready_timeout_s=300) as env:
+            gold = env.post("/verify", body(task_row, f"```diff\n{row['patch']}```"), timeout=300).json()
+            assert gold["reward"] == 1.0 and gold["mask_sample"] is False, gold
+            wrong = env.post("/verify", body(task_row, "```diff\n" + row["patch"].replace("<=", ">=") + "```"),
+                             timeout=300).json()
+            assert wrong["reward"] == 0.0 and wrong["mask_sample"] is False, wrong
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)

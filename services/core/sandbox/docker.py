@@ -26,6 +26,7 @@ from .workspace import OWNER_LABEL, WORKDIR, ExecResult, Limits, Provider, Works
 
 log = logging.getLogger("gymserve.sandbox")
 ROLE_LABEL = "gymserve.sandbox"
+TESTBED = "/testbed"
 TIMEOUT_MARK = "\n[gymserve: wall-clock limit]"
 # The exec's main process: runs the command with its limits, kills it at the wall-clock limit, and
 # afterwards kills every process of the sandbox user but itself and pid 1 (`kill -1`, a builtin that
@@ -121,6 +122,8 @@ class DockerProvider(Provider):
             if folder is not None:
                 data = await asyncio.to_thread(_tar, folder)
                 await ws.must(f"tar -x -C {shlex.quote(WORKDIR)} --no-same-owner", stdin=data, what="copy the folder in")
+            else:  # a task image keeps its repository in /testbed (SWE-bench's convention)
+                await ws.must(f"if [ -d {TESTBED} ]; then cp -R {TESTBED}/. {WORKDIR}/; fi", what=f"copy {TESTBED} in")
             await ws.init_base()
         except BaseException:
             await ws.destroy()

@@ -21,6 +21,8 @@ ENVIRONMENTS: dict[str, tuple[str, ...]] = {
     "reasoning_gym": ("workers=1",),
     "workplace": (),
     "code": ("timeout_s=5", "prestart=0", "max_concurrency=2"),
+    "terminal": ("warm_pool=0", "limits.wall_s=5"),
+    "swe": ("warm_pool=0",),
 }
 
 
@@ -62,6 +64,8 @@ def answer_text(env: str, row: dict[str, Any]) -> str:
         return f"<answer>{entry.get('answer')}</answer>"
     if env == "code":
         return "```python\nimport sys\nprint(sys.stdin.read().strip())\n```"
+    if env == "swe":
+        return f"```diff\n{row['patch']}```"
     return "<<A title>>\nA short answer without commas that is all lowercase."
 
 

@@ -24,4 +24,7 @@ def is_dead(owner: str) -> bool:
     pid, _, started = rest.partition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return False
-    return _start_time(int(pid)) != started
+    now = _start_time(int(pid))
+    if started == "None":  # the owner could not read its start time: only a vanished pid is dead
+        return now is None
+    return now != started

@@ -18,6 +18,7 @@ def server() -> Iterator[ServerProcess]:
     with ServerProcess("resources/code", f"timeout_s={TIMEOUT_S}", "memory_mb=256", "sandbox_memory_mb=320",
                        "max_output_bytes=8192", "repl_timeout_s=3", f"prestart={PRESTART}",
                        env={"GYMSERVE_API_KEY": API_KEY}) as proc:
+        require_full_isolation(proc.get("/ready").json())
         yield proc
 
 

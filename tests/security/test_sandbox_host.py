@@ -174,3 +174,12 @@ async def test_fork_bomb_stops_at_the_process_limit(sandbox):
     seen = await _report(sandbox, program, Limits(wall_s=30, cpu_s=10, processes=12))
     assert seen["error"] == "Resource temporarily unavailable", seen
     assert 1 <= seen["kids"] < 12, seen
+
+
+def test_ci_fails_loudly_on_the_weaker_fallback(monkeypatch):
+    """With CI=true, a sandbox without cgroups (or a non-root run) fails the suite instead of passing it."""
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="need root with cgroups"):
+        require_full_isolation({"process_limit": "rlimit (bwrap started as uid 65534)"})
+    if os.geteuid() == 0:
+        require_full_isolation({"process_limit": "cgroup"})  # the full sandbox passes

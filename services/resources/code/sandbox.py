@@ -40,7 +40,6 @@ from services.core.sandbox.bwrap import (INSIDE_PATH, PROBE, SANDBOX_UID, Bind, 
                                          unprivileged)
 
 from . import runner
-
 from .cgroup import Cgroups
 from .seccomp import build_filter
 

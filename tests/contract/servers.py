@@ -24,6 +24,8 @@ ENVIRONMENTS: dict[str, tuple[str, ...]] = {
     "equivalence_llm_judge": (),
     "llm_judge": (),
     "genrm_compare": (),
+    "terminal": ("warm_pool=0", "limits.wall_s=5"),
+    "swe": ("warm_pool=0",),
 }
 # Environments that call a judge model: pointed at one scripted judge (`judge_server`).
 JUDGED = frozenset({"equivalence_llm_judge", "llm_judge", "genrm_compare"})
@@ -80,6 +82,8 @@ def answer_text(env: str, row: dict[str, Any]) -> str:
         return f"It was {expected}."
     if env == "code":
         return "```python\nimport sys\nprint(sys.stdin.read().strip())\n```"
+    if env == "swe":
+        return f"```diff\n{row['patch']}```"
     return "<<A title>>\nA short answer without commas that is all lowercase."
 
 

@@ -60,8 +60,6 @@ _STRING_FIELDS = ("type", "text", "refusal", "role", "name", "arguments", "call_
 
 def part_problem(part: Any, where: str) -> str | None:
     """What is wrong with one content part (`where` is its path), or None when it is well typed."""
-    if isinstance(part, str):
-        return None
     if not isinstance(part, dict):
         return f"{where}: expected a content part object, got {type(part).__name__}"
     for name in _STRING_FIELDS:

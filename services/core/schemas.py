@@ -52,9 +52,9 @@ class ResponsesCreateParams(WireModel):
     max_output_tokens: int | None = None
     instructions: str | None = None
 
-    @field_validator("input")
+    @field_validator("input", mode="before")
     @classmethod
-    def _typed_items(cls, value: Union[str, list[dict[str, Any]]]) -> Union[str, list[dict[str, Any]]]:
+    def _typed_items(cls, value: Any) -> Any:
         if isinstance(value, list):
             _raise_first(item_problem(item, f"input[{i}]") for i, item in enumerate(value))
         return value
@@ -96,9 +96,9 @@ class MessageItem(TrainingTokens):
     status: str | None = "completed"
     content: Union[str, list[dict[str, Any]]] = Field(default_factory=list)
 
-    @field_validator("content")
+    @field_validator("content", mode="before")
     @classmethod
-    def _typed_parts(cls, value: Union[str, list[dict[str, Any]]]) -> Union[str, list[dict[str, Any]]]:
+    def _typed_parts(cls, value: Any) -> Any:
         _raise_first([content_problem(value, "content")])
         return value
 
@@ -127,9 +127,9 @@ class ReasoningItem(TrainingTokens):
     summary: list[dict[str, Any]] = Field(default_factory=list)
     content: list[dict[str, Any]] | None = None
 
-    @field_validator("summary", "content")
+    @field_validator("summary", "content", mode="before")
     @classmethod
-    def _typed_parts(cls, value: list[dict[str, Any]] | None, info: ValidationInfo) -> list[dict[str, Any]] | None:
+    def _typed_parts(cls, value: Any, info: ValidationInfo) -> Any:
         _raise_first([content_problem(value, str(info.field_name))])
         return value
 

@@ -23,10 +23,13 @@ SECRET_PATTERN = re.compile(
 _NOT_SECRET = re.compile(r"^(?:\w*passed|pass_rate|passes|bypass\w*|\w*tokenizer\w*|\w*_tokens|max_\w*tokens?|"
                          r"\w*token_ids|\w*_keys?_count|sort_keys)$", re.IGNORECASE)
 
-_BEARER = re.compile(r"\b(Bearer|Basic|Token|Digest)\s+[A-Za-z0-9._~+/=-]{4,}", re.IGNORECASE)
+# `Bearer <anything>`; `Basic <base64>` only when it looks encoded (a digit, + / =, or aB), not "Basic idea".
+_BEARER = re.compile(r"\b((?i:bearer))\s+[A-Za-z0-9._~+/=-]{4,}"
+                     r"|\b((?i:basic))\s+(?=[A-Za-z0-9+/]*(?:[0-9+/=]|[a-z][A-Z]))[A-Za-z0-9+/]{6,}=*")
 _PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*)-----.*?(?:-----END \1-----|\Z)", re.DOTALL)
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^/\s:@'\"]*):([^/\s@'\"]*)@")
-_ASSIGNMENT = re.compile(r"(\b[\w-]*(?:api[_-]?key|token|secret|password|passwd|pwd)[\w-]*\s*[=:]\s*)([^\s,&;'\"]+)",
+_ASSIGNMENT = re.compile(r"(\b([\w-]*(?:api[_-]?key|token|secret|password|passwd|pwd|authorization)[\w-]*)[\"']?\s*[=:]\s*[\"']?)"
+                         r"([^\s,&;'\"]+)",
                          re.IGNORECASE)
 
 
@@ -38,13 +41,13 @@ def is_secret_name(name: object) -> bool:
 
 def redact_text(text: str) -> str:
     """`text` with every secret-shaped part masked (tokens after Bearer/Basic, PEM private keys,
-    URL passwords, `password=...` assignments)."""
+    URL passwords, `password=...` / `Authorization: ...` assignments)."""
     if not text:
         return text
     text = _PEM.sub(f"-----BEGIN \\1-----{MASK}-----END \\1-----", text)
-    text = _BEARER.sub(lambda m: f"{m.group(1)} {MASK}", text)
+    text = _BEARER.sub(lambda m: f"{m.group(1) or m.group(2)} {MASK}", text)
     text = _USERINFO.sub(lambda m: f"{m.group(1)}{m.group(2)}:{MASK}@", text)
-    return _ASSIGNMENT.sub(lambda m: f"{m.group(1)}{MASK}", text)
+    return _ASSIGNMENT.sub(lambda m: f"{m.group(1)}{MASK}" if is_secret_name(m.group(2)) else m.group(0), text)
 
 
 def _is_header_pair(value: dict[Any, Any]) -> bool:

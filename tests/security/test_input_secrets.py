@@ -113,4 +113,6 @@ def test_redaction_keeps_what_is_not_secret():
             "prompt_token_ids": [1, 2], "name": "policy", "auth": {"user": "bob", "token": SECRET}}
     out = redact(data)
     assert out == {**data, "auth": {"user": "bob", "token": "***"}}
-    assert redact_text("no secrets here: http://host/x?q=1") == "no secrets here: http://host/x?q=1"
+    for harmless in ("no secrets here: http://host/x?q=1", "Basic idea", "max_tokens=5 exceeded"):
+        assert redact_text(harmless) == harmless
+    assert SECRET not in redact_text(f"X-Auth-Token: {SECRET}, Authorization: Basic dXNlcjpwYXNz")

@@ -93,7 +93,9 @@ def test_workplace_named_session_is_usable_with_its_cookie():
     client = TestClient(app, raise_server_exceptions=False)
     seed = {"resources_session_id": "rs-tools", "episode_id": {"id": "e"}, "task_id": {"id": "t"},
             "task_data": _example_row("resources/workplace")}
-    assert client.post("/seed_session", json=seed).status_code == 200
+    seeded = client.post("/seed_session", json=seed)
+    assert seeded.status_code == 200 and seeded.json() == {"resources_session_id": "rs-tools"}
+    assert seeded.headers["x-session-id"] != "rs-tools"  # the id that grants access is the server's own
     assert client.post("/list_projects", json={}).status_code == 200  # cookie only, no header
     stranger = TestClient(app, raise_server_exceptions=False)
     assert stranger.post("/list_projects", json={}).status_code == 400  # no session: not the owner's

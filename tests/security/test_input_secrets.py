@@ -116,3 +116,14 @@ def test_redaction_keeps_what_is_not_secret():
     for harmless in ("no secrets here: http://host/x?q=1", "Basic idea", "max_tokens=5 exceeded"):
         assert redact_text(harmless) == harmless
     assert SECRET not in redact_text(f"X-Auth-Token: {SECRET}, Authorization: Basic dXNlcjpwYXNz")
+
+
+def test_agent_failure_reason_is_redacted():
+    """A real rollout whose resource server is down: the masked reply's reason names the URL, without its password."""
+    dead = f"http://agent:{SECRET}@127.0.0.1:{free_port()}"
+    with ServerProcess("agents/simple_agent", f"resources_url={dead}", f"model_url={dead}", "step_deadline_s=5",
+                       name="secrets-agent") as agent:
+        reply = agent.post("/run", json={"responses_create_params": {"input": "hi"}})
+    _assert_clean(reply.text)
+    body = reply.json()
+    assert body["mask_sample"] is True and "agent:***@127.0.0.1" in body["failure_reason"], body

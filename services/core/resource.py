@@ -308,8 +308,11 @@ def create_resource_app(env: Environment) -> FastAPI:
     async def _seed(sess: Session, row: dict[str, Any]) -> dict[str, Any]:
         try:
             return await env.seed(sess, row)
-        except Exception:
-            await env.close_session(sess.id)
+        except Exception:  # never opened: the caller may seed the same name again with a fixed row
+            env.sessions.pop(sess.id, None)
+            if sess.external_id is not None:
+                env.external.pop(sess.external_id, None)
+            await env.release(sess)
             raise
 
     async def _seed_named(request: Request, body: dict[str, Any]) -> JSONResponse:

@@ -99,3 +99,16 @@ def test_workplace_named_session_is_usable_with_its_cookie():
     assert client.post("/list_projects", json={}).status_code == 200  # cookie only, no header
     stranger = TestClient(app, raise_server_exceptions=False)
     assert stranger.post("/list_projects", json={}).status_code == 400  # no session: not the owner's
+
+
+def test_a_failed_named_seed_can_be_retried():
+    """A seed the environment rejects (a bad row: 400) opens nothing, so the caller may retry that name."""
+    module = load_server("resources/workplace")
+    app = module.build(module.Config(name="nemo-retry"))
+    client = TestClient(app, raise_server_exceptions=False)
+    row = _example_row("resources/workplace")
+    seed = {"resources_session_id": "rs-retry", "episode_id": {"id": "e"}, "task_id": {"id": "t"},
+            "task_data": {**row, "initial_state": {"invoices": []}}}
+    assert client.post("/seed_session", json=seed).status_code == 400
+    assert not app.state.env.sessions
+    assert client.post("/seed_session", json={**seed, "task_data": row}).status_code == 200

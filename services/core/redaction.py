@@ -20,8 +20,10 @@ SECRET_PATTERN = re.compile(
     re.IGNORECASE,
 )
 # Names that contain a secret-looking word but hold nothing secret (`passed` tests, `bypass` flags).
-_NOT_SECRET = re.compile(r"^(?:\w*passed|pass_rate|passes|bypass\w*|\w*tokenizer\w*|\w*_tokens|max_\w*tokens?|"
-                         r"\w*token_ids|\w*_keys?_count|sort_keys)$", re.IGNORECASE)
+_NOT_SECRET = re.compile(r"^(?:\w*passed|pass_rate|passes|bypass\w*|\w*tokenizer\w*|"
+                         r"\w*(?:prompt|completion|input|output|total|cached|reasoning|generation|new|num)_tokens\w*|max_\w*tokens?\w*|"
+                         r"\w*token_ids|\w*_token_extras|(?:end|eos|bos|pad|stop|sep|unk|special)_tokens?\w*|"
+                         r"\w*_keys?_count|sort_keys)$", re.IGNORECASE)
 
 # `Bearer <anything>`; `Basic <base64>` only when it looks encoded (a digit, + / =, or aB), not "Basic idea".
 _BEARER = re.compile(r"\b((?i:bearer))\s+[A-Za-z0-9._~+/=-]{4,}"

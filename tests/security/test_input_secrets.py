@@ -110,9 +110,11 @@ def test_failure_reasons_are_redacted(reason):
 
 def test_redaction_keeps_what_is_not_secret():
     data = {"url": "http://127.0.0.1:8000/v1", "passed": 3, "bypass_cache": True, "max_tokens": 5,
+            "end_token": "<|im_end|>", "max_tokens_per_batch": 9, "usage": {"prompt_tokens": 4},
             "prompt_token_ids": [1, 2], "name": "policy", "auth": {"user": "bob", "token": SECRET}}
     out = redact(data)
     assert out == {**data, "auth": {"user": "bob", "token": "***"}}
+    assert redact({"api_tokens": [SECRET], "hf_token": SECRET}) == {"api_tokens": ["***"], "hf_token": "***"}
     for harmless in ("no secrets here: http://host/x?q=1", "Basic idea", "max_tokens=5 exceeded"):
         assert redact_text(harmless) == harmless
     assert SECRET not in redact_text(f"X-Auth-Token: {SECRET}, Authorization: Basic dXNlcjpwYXNz")

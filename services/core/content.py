@@ -18,7 +18,8 @@ def part_text(part: Any) -> str | None:
         return part
     if not isinstance(part, dict):
         return None
-    if isinstance(part.get("text"), str) and part.get("type", "text") in TEXT_PART_TYPES:
+    kind = part.get("type", "text")
+    if isinstance(part.get("text"), str) and isinstance(kind, str) and kind in TEXT_PART_TYPES:
         return part["text"]
     if part.get("type", "refusal") == "refusal" and isinstance(part.get("refusal"), str):
         return part["refusal"]
@@ -54,8 +55,9 @@ def strict_content_text(content: Any, where: str) -> str:
 
 
 # Fields of a content part (or of an input item) that, when present, must hold a string. A value of another
-# type there would be read as text somewhere downstream (a set lookup, a join) and fail as a 500.
-_STRING_FIELDS = ("type", "text", "refusal", "role", "name", "arguments", "call_id", "id", "status")
+# type there would be read as text somewhere downstream (a set lookup, a join) and fail as a 500. (A function
+# call's `arguments` and its output's `output` may be any JSON: model servers serialize them.)
+_STRING_FIELDS = ("type", "text", "refusal", "role", "name", "call_id", "id", "status")
 
 
 def part_problem(part: Any, where: str) -> str | None:
@@ -86,7 +88,7 @@ def content_problem(content: Any, where: str) -> str | None:
 
 
 def item_problem(item: Any, where: str) -> str | None:
-    """What is wrong with one input item (a message, a function call or its output), or None."""
+    """What is wrong with one input item (a message, a function call or its output, reasoning), or None."""
     if not isinstance(item, dict):
         return f"{where}: expected an object, got {type(item).__name__}"
     for name in _STRING_FIELDS:
@@ -94,8 +96,6 @@ def item_problem(item: Any, where: str) -> str | None:
             return f"{where}.{name}: expected a string, got {type(item[name]).__name__}"
     if "content" in item:
         return content_problem(item["content"], f"{where}.content")
-    if "output" in item and not isinstance(item["output"], str):
-        return content_problem(item["output"], f"{where}.output")
     if "summary" in item:
         return content_problem(item["summary"], f"{where}.summary")
     return None

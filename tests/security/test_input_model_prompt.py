@@ -63,3 +63,18 @@ def test_health_is_answered_while_a_long_prompt_is_tokenized(model):
     assert reply.status_code == 200, reply.text[:300]
     assert reply.json()["context_length_exceeded"] is True  # it was rendered and tokenized: far past 256 tokens
     assert answered_in_flight >= 3
+
+
+@pytest.mark.parametrize("path, body, named", [
+    ("/v1/responses", {"model": "m", "input": [{"role": "user", "content": [{"type": {"a": 1}, "text": "x"}]}]},
+     "input[0].content[0].type"),
+    ("/v1/responses", {"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": [1]}]}]},
+     "input[0].content[0].text"),
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": [{"type": {}, "text": "x"}]}]},
+     "messages[0].content[0].type"),
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": {"a": 1}, "content": "x"}]}, "messages[0].role"),
+])
+def test_wrong_type_in_a_prompt_part_is_400_naming_it(model, path, body, named):
+    reply = model.post(path, json=body)
+    assert reply.status_code == 400, reply.text[:300]
+    assert named in reply.json()["detail"]

@@ -66,7 +66,7 @@ PLACEMENTS = [
     (("responses_create_params", "input", -2, "content", 0, "text"), [1], "content[0].text"),
     (("responses_create_params", "input", -2, "content"), {"text": "x"}, ".content"),
     (("responses_create_params", "input", -2, "role"), {"a": 1}, ".role"),
-    (("responses_create_params", "input", -1, "output"), {"a": 1}, ".output"),
+    (("responses_create_params", "input", -1, "call_id"), {"a": 1}, ".call_id"),
 ]
 
 

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from services.core.errors import BadRequest, Unavailable
 from services.core.failures import FailureKind
-from services.core.replies import failed_reply, scored_reply
+from services.core.replies import MAX_REASON_CHARS, failed_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app, tool
 from services.core.schemas import VerifyReply, VerifyRequest
 
@@ -203,7 +203,10 @@ class CodeEnv(Environment):
                 reply = await repl.execute(code, self.config.repl_timeout_s)
             except SandboxError as exc:
                 log.error("sandbox failure in execute_python: %s", exc)
-                raise Unavailable(str(exc), kind=FailureKind.SANDBOX) from None
+                return {"stdout": "", "stderr": "", "exit_code": None, "timed_out": False, "result": None,
+                        "truncated": False, "terminated": False, "state_lost": True, "sandbox": self.sandbox.mode,
+                        "mask_sample": True, "failure_kind": str(FailureKind.SANDBOX),
+                        "failure_reason": str(exc)[:MAX_REASON_CHARS]}
         terminate = bool(session.data.get("terminate_on_evaluation"))
         reply["terminated"] = terminate and reply.pop("evaluated", False) and reply["exit_code"] == 0
         reply.pop("evaluated", None)

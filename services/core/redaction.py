@@ -25,14 +25,15 @@ _NOT_SECRET = re.compile(r"^(?:\w*passed|pass_rate|passes|bypass\w*|\w*tokenizer
                          r"\w*token_ids|\w*_token_extras|(?:end|eos|bos|pad|stop|sep|unk|special)_tokens?\w*|"
                          r"\w*_keys?_count|sort_keys)$", re.IGNORECASE)
 
-# `Bearer <anything>`; `Basic <base64>` only when it looks encoded (a digit, + / =, or aB), not "Basic idea".
-_BEARER = re.compile(r"\b((?i:bearer))\s+[A-Za-z0-9._~+/=-]{4,}"
+# What follows Bearer / Basic must look like a credential (a digit or symbol, 12+ characters, or aB for base64),
+# so that prose such as "a bearer token" or "Basic idea" stays readable.
+_BEARER = re.compile(r"\b((?i:bearer))\s+(?=[A-Za-z0-9._~+/=-]*[0-9._~+/=-]|[A-Za-z0-9._~+/=-]{12})[A-Za-z0-9._~+/=-]{4,}"
                      r"|\b((?i:basic))\s+(?=[A-Za-z0-9+/]*(?:[0-9+/=]|[a-z][A-Z]))[A-Za-z0-9+/]{6,}=*")
 _PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*)-----.*?(?:-----END \1-----|\Z)", re.DOTALL)
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^/\s:@'\"]*):([^/\s@'\"]*)@")
-_ASSIGNMENT = re.compile(r"(\b([\w-]*(?:api[_-]?key|token|secret|password|passwd|pwd|authorization)[\w-]*)[\"']?\s*[=:]\s*[\"']?)"
-                         r"([^\s,&;'\"]+)",
-                         re.IGNORECASE)
+_ASSIGNMENT = re.compile(r"(\b([\w-]*(?:api[_-]?key|token|secret|password|passwd|pwd|authorization)[\w-]*)[\"']?\s*"
+                         r"([=:])\s*[\"']?)(?!(?i:bearer|basic)\b)(?!<)([^\s,&;'\")\]}]+)", re.IGNORECASE)
+_CREDENTIAL_LOOK = re.compile(r"[0-9._~+/=-]|.{12}")
 
 
 def is_secret_name(name: object) -> bool:
@@ -49,7 +50,16 @@ def redact_text(text: str) -> str:
     text = _PEM.sub(f"-----BEGIN \\1-----{MASK}-----END \\1-----", text)
     text = _BEARER.sub(lambda m: f"{m.group(1) or m.group(2)} {MASK}", text)
     text = _USERINFO.sub(lambda m: f"{m.group(1)}{m.group(2)}:{MASK}@", text)
-    return _ASSIGNMENT.sub(lambda m: f"{m.group(1)}{MASK}" if is_secret_name(m.group(2)) else m.group(0), text)
+    return _ASSIGNMENT.sub(_assignment, text)
+
+
+def _assignment(match: re.Match[str]) -> str:
+    """`password=...` is always masked; `token: ...` only when the value looks like a credential, so an
+    error message such as `api_key: expected a string` keeps its words."""
+    name, separator, value = match.group(2), match.group(3), match.group(4)
+    if not is_secret_name(name) or (separator == ":" and not _CREDENTIAL_LOOK.search(value)):
+        return match.group(0)
+    return f"{match.group(1)}{MASK}"
 
 
 def _is_header_pair(value: dict[Any, Any]) -> bool:

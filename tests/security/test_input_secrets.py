@@ -115,7 +115,8 @@ def test_redaction_keeps_what_is_not_secret():
     out = redact(data)
     assert out == {**data, "auth": {"user": "bob", "token": "***"}}
     assert redact({"api_tokens": [SECRET], "hf_token": SECRET}) == {"api_tokens": ["***"], "hf_token": "***"}
-    for harmless in ("no secrets here: http://host/x?q=1", "Basic idea", "max_tokens=5 exceeded"):
+    for harmless in ("no secrets here: http://host/x?q=1", "Basic idea", "max_tokens=5 exceeded",
+                     "api_key: expected a string", "missing bearer token (set Authorization: Bearer <KEY>)"):
         assert redact_text(harmless) == harmless
     assert SECRET not in redact_text(f"X-Auth-Token: {SECRET}, Authorization: Basic dXNlcjpwYXNz")
 

@@ -14,15 +14,16 @@ import pytest
 from gymserve.testing import ServerProcess, verify_body
 
 LIMITS = ("header_timeout_s=1", "body_timeout_s=1")
+KEY = {"GYMSERVE_API_KEY": "input-limits-test-key"}  # the guards hold with auth on (and come after it)
 
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[dict[str, ServerProcess]]:
     """A resource server, a model server and a head: the core layers every kind shares."""
     spec = {"stack": {"servers": {}}, "header_timeout_s": 1, "body_timeout_s": 1}
-    procs = {"resource": ServerProcess("resources/exact_match", *LIMITS, name="limits-em"),
-             "model": ServerProcess("models/stub", *LIMITS, name="limits-model"),
-             "head": ServerProcess("head", name="head", env={"GYMSERVE_SERVER_SPEC": json.dumps(spec)})}
+    procs = {"resource": ServerProcess("resources/exact_match", *LIMITS, name="limits-em", env=KEY),
+             "model": ServerProcess("models/stub", *LIMITS, name="limits-model", env=KEY),
+             "head": ServerProcess("head", name="head", env={"GYMSERVE_SERVER_SPEC": json.dumps(spec), **KEY})}
     for proc in procs.values():
         proc.launch()
     try:
@@ -117,7 +118,7 @@ def test_trickled_body_gets_408(servers, kind, path):
     sock = _raw(server.port)
     try:
         sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: 1000\r\n\r\n{{".encode())
+                     f"Authorization: Bearer {KEY['GYMSERVE_API_KEY']}\r\nContent-Length: 1000\r\n\r\n{{".encode())
         for _ in range(20):  # 20 bytes over 2 s: the 1 s body deadline passes first
             try:
                 sock.sendall(b" ")

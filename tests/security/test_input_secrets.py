@@ -39,7 +39,8 @@ def secret_options() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def head() -> Iterator[ServerProcess]:
     stack = {"servers": {"leaky": {"kind": "models/openai_proxy", "port": free_port(), **secret_options()}}}
-    with ServerProcess("head", name="head", env={"GYMSERVE_SERVER_SPEC": json.dumps({"stack": stack})}) as proc:
+    env = {"GYMSERVE_SERVER_SPEC": json.dumps({"stack": stack}), "GYMSERVE_API_KEY": "secrets-test-key"}
+    with ServerProcess("head", name="head", env=env) as proc:
         yield proc
 
 

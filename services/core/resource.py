@@ -24,6 +24,7 @@ from .app import SESSION_COOKIE, create_app, read_json, session_id
 from .config import ServerConfig, describe_validation_error
 from .errors import BadRequest, Conflict, GymError, TooManyRequests
 from .failures import FailureKind
+from .metrics import Metrics
 from .metrics_agg import aggregate_metrics
 from .openapi import SESSION_HEADER, describe, list_of
 from .pool import TaskError, WorkerFailure, WorkerPool
@@ -99,6 +100,7 @@ class Environment:
         # recently (a seed after its close must not recreate the session), oldest first.
         self.external: dict[str, str] = {}
         self.closed_external: OrderedDict[str, float] = OrderedDict()
+        self.metrics: Metrics | None = None  # the server's metrics, set when the app is built
 
     # ---- hooks an environment may override -------------------------------- #
     async def startup(self) -> None:
@@ -277,6 +279,7 @@ def create_resource_app(env: Environment) -> FastAPI:
                      readiness=env.ready, description=env.description, ready_details=env.ready_details)
     metrics = app.state.metrics
     app.state.env = env
+    env.metrics = metrics
 
     def count(reply: VerifyReply) -> VerifyReply:
         """Every verify reply passes here: conformed to the environment's reply model; masked ones

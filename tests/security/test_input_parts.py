@@ -14,20 +14,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gymserve.testing import ServerProcess
-from tests.contract.servers import ENVIRONMENTS, examples, start_all, stop_all, verify_body_for
+from tests.contract.servers import ENVIRONMENTS, examples, judge_server, options_for, start_all, stop_all, verify_body_for
 
 ENVS = sorted(ENVIRONMENTS)
 
 
 @pytest.fixture(scope="module")
 def env_servers() -> Iterator[dict[str, ServerProcess]]:
-    servers = {env: ServerProcess(f"resources/{env}", *options, name=f"parts-{env}", ready_timeout_s=180)
-               for env, options in ENVIRONMENTS.items()}
-    start_all(list(servers.values()))
+    judge = judge_server()  # the judged environments call it (a scripted stub)
+    servers = {env: ServerProcess(f"resources/{env}", *options_for(env, judge), name=f"parts-{env}",
+                                  ready_timeout_s=180) for env in ENVIRONMENTS}
+    start_all([judge, *servers.values()])
     try:
         yield servers
     finally:
-        stop_all(list(servers.values()))
+        stop_all([judge, *servers.values()])
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from services.core.loader import available_kinds, load_server
+from tests.contract.test_openapi_schemas import REQUIRED  # options a kind needs to be built (nothing is contacted)
 
-REQUIRED = {"resources/reward_model": {"model_name": "unused"}}
 ENVIRONMENTS = [kind for kind in available_kinds() if kind.startswith("resources/")]
 
 

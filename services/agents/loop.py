@@ -25,6 +25,7 @@ from services.core.directory import Directory
 from services.core.errors import BadRequest, GymError, UpstreamError
 from services.core.failures import FailureKind
 from services.core.replies import failed_reply
+from services.core.redaction import redact_text
 from services.core.resource import CLOSE_SESSION_HEADER
 from services.core.schemas import DatasetRow
 
@@ -505,6 +506,7 @@ class Rollout:
         try:
             reply = failed_reply(base, kind, reason).dump()
         except ValueError:  # a row field that clashes with the reply's (e.g. a non-numeric "reward")
-            reply = {**base, "reward": 0.0, "mask_sample": True, "failure_kind": kind, "failure_reason": reason}
+            reply = {**base, "reward": 0.0, "mask_sample": True, "failure_kind": kind,
+                     "failure_reason": redact_text(reason)}
         reply.update(self.extras())
         return reply

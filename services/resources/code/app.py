@@ -57,7 +57,7 @@ class Config(ResourceConfig):
     reward_mode: Literal["fraction", "all"] = Field("fraction", description="fraction of tests passed, or 1/0")
     repl_timeout_s: float = Field(10.0, gt=0, le=600, description="wall-clock limit of one execute_python call")
     repl_cpu_s: float = Field(300.0, gt=0, description="CPU-time budget of one session's interpreter")
-    max_sessions: int = Field(256, ge=1, description="open tool sessions (one interpreter each); beyond: 503")
+    max_sessions: int = Field(256, ge=1, description="open tool sessions (one interpreter each); beyond: 429")
     terminate_on_evaluation: bool = Field(
         False, description="execute_python replies terminated=true when the last line is an expression that "
                            "evaluated (NeMo RL code environment semantics); a seeded row may override it")
@@ -173,9 +173,6 @@ class CodeEnv(Environment):
 
     # ---- tool mode ------------------------------------------------------------ #
     async def seed(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
-        if len(self.sessions) > self.config.max_sessions:
-            raise Unavailable(f"too many open sessions (max_sessions={self.config.max_sessions}); "
-                              "close finished ones with /close_session")
         flag = body.get("terminate_on_evaluation", self.config.terminate_on_evaluation)
         if not isinstance(flag, bool):
             raise BadRequest("terminate_on_evaluation: expected true or false")

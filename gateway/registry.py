@@ -17,6 +17,8 @@ from services.core.app import server_type_name
 from services.core.hosts import connect_url
 from services.core.config import Stack
 
+from .nemo_gym import instance_fields
+
 SERVER_TYPES = ("resources_servers", "responses_api_agents", "responses_api_models", "head_server")
 
 
@@ -64,6 +66,7 @@ class Instance:
         self.pid: int | None = None
         self.expires: float | None = None  # monotonic time the last heartbeat runs out
         self.registered_at: float | None = None
+        self.started_at = time.time()  # reset when another process registers under the name
         self.extra: dict[str, Any] = {}
 
     def alive(self, now: float) -> bool:
@@ -87,6 +90,8 @@ class Instance:
             "status": self.status(now),
             "static": self.static,
             "heartbeat_age_s": None if self.registered_at is None else round(time.time() - self.registered_at, 3),
+            "start_time": self.started_at,
+            **instance_fields(self.name),
         }
 
 
@@ -111,6 +116,8 @@ class Registry:
             inst.url = (reg.url or connect_url(reg.host, reg.port)).rstrip("/")
             if reg.server_type:
                 inst.server_type = reg.server_type
+        if reg.pid is not None and reg.pid != inst.pid:
+            inst.started_at = time.time()
         inst.pid = reg.pid
         inst.expires = now + reg.ttl_s
         inst.registered_at = time.time()

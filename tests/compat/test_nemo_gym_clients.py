@@ -1,0 +1,78 @@
+"""NeMo-Gym 0.7.0's own clients against our head, unchanged: `ng_collect_rollouts` (the same code as
+`gym eval run --no-serve`) collects with the right rewards and aggregate metrics, and
+`gym env status` lists every server as healthy.
+
+NeMo-Gym's clients send no API key, so the stack runs with the loopback-only opt-out
+(`GYMSERVE_NO_AUTH=1`, what `gymserve up --no-auth` sets) on 127.0.0.1.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.integration.up_helpers import Up
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first compat test may install NeMo-Gym
+
+STACK = Path(__file__).parent / "stacks" / "nemo_collect.yaml"
+# NeMo-Gym rows: no agent_ref (the collector stamps +agent_name); the stub policy always answers 4
+ROWS = [
+    {"responses_create_params": {"input": [{"role": "user", "content": "What is 2+2? Answer in \\boxed{}."}]},
+     "expected_answer": "4"},
+    {"responses_create_params": {"input": [{"role": "user", "content": "What is 3+4? Answer in \\boxed{}."}]},
+     "expected_answer": "7"},
+]
+
+
+@pytest.fixture(scope="module")
+def head():
+    launcher = Up("-c", str(STACK), env={"GYMSERVE_NO_AUTH": "1"})
+    try:
+        launcher.wait_for(r"all 4 servers ready", timeout_s=180)
+        url = launcher.wait_for(r"head on (http://\S+)").group(1)
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        yield {"url": url, "arg": f"+head_server={{host:{host},port:{port}}}"}
+    finally:
+        launcher.kill()
+
+
+def test_config_has_an_environment_server_per_agent(head):
+    config = yaml.safe_load(httpx.get(f"{head['url']}/global_config_dict_yaml", timeout=10).json())
+    agent = config["math_simple_agent"]["responses_api_agents"]["simple_agent"]
+    assert agent["resources_server"] == {"type": "resources_servers", "name": "math"}
+    assert agent["model_server"] == {"type": "responses_api_models", "name": "policy_model"}
+    relay = config["math_environment_server"]["environment_servers"]["legacy_agent"]
+    assert relay["agent_server"] == {"type": "responses_api_agents", "name": "math_simple_agent"}
+    assert (relay["host"], relay["port"]) == (agent["host"], agent["port"])
+
+
+def test_ng_collect_rollouts_collects_from_our_head(nemo, head, tmp_path):
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    done = nemo.run("ng_collect_rollouts", head["arg"], "+agent_name=math_simple_agent",
+                    "+input_jsonl_fpath=rows.jsonl", "+output_jsonl_fpath=rollouts.jsonl", "+num_repeats=2",
+                    cwd=tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    rollouts = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 4
+    for r in rollouts:
+        assert r["agent_ref"]["name"] == "math_simple_agent"
+        assert r["reward"] == (1.0 if r["expected_answer"] == "4" else 0.0), r
+        assert r["mask_sample"] is False and r["_ng_environment_server"] == "math_environment_server"
+    assert (tmp_path / "rollouts_failures.jsonl").read_text().strip() == ""
+    [entry] = json.loads((tmp_path / "rollouts_aggregate_metrics.json").read_text())
+    assert entry["agent_ref"]["name"] == "math_simple_agent"
+    assert entry["key_metrics"]["mean/reward"] == pytest.approx(0.5)
+    assert entry["agent_metrics"]["num_repeats"] == 2
+    assert {g["_ng_task_index"]: g["mean/reward"] for g in entry["group_level_metrics"]} == {0: 1.0, 1: 0.0}
+
+
+def test_gym_env_status_lists_our_servers(nemo, head, tmp_path):
+    done = nemo.run("gym", "env", "status", head["arg"], cwd=tmp_path, timeout_s=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    for name in ("policy_model", "math", "math_simple_agent"):
+        assert f"✓ {name} (" in done.stdout, done.stdout[-4000:]
+    assert "3 servers found (3 healthy, 0 unhealthy)" in done.stdout

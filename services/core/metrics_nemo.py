@@ -51,6 +51,7 @@ def nemo_gym_metrics(rows: list[dict[str, Any]], rewards: list[float]) -> dict[s
               for task in sorted(by_task, key=str)]
     repeats = [{REPEAT: rep, "sample_count": len(vals), **_describe(vals, single_std=None)}
                for rep, vals in sorted(by_repeat.items(), key=lambda kv: str(kv[0]))] if len(by_repeat) > 1 else []
-    agent = {**_describe(rewards, single_std=None), "num_repeats": len(by_repeat), **coverage}
+    repeats_run = len({r.get(REPEAT, 0) for r in rows})  # masked rollouts count as repeats that ran
+    agent = {**_describe(rewards, single_std=None), "num_repeats": repeats_run, **coverage}
     return {"agent_metrics": agent, "key_metrics": {"mean/reward": agent["mean/reward"], **coverage},
             "group_level_metrics": groups, "repeat_level_metrics": repeats}

@@ -76,3 +76,27 @@ def test_gym_env_status_lists_our_servers(nemo, head, tmp_path):
     for name in ("policy_model", "math", "math_simple_agent"):
         assert f"✓ {name} (" in done.stdout, done.stdout[-4000:]
     assert "3 servers found (3 healthy, 0 unhealthy)" in done.stdout
+
+
+NEMO_VALIDATE = """
+from nemo_gym.base_resources_server import BaseVerifyRequest
+from nemo_gym.openai_utils import NeMoGymResponse
+NeMoGymResponse.model_validate(data["model_reply"])
+BaseVerifyRequest.model_validate(data["verify_body"])
+print(json.dumps("ok"))
+"""
+
+
+def test_model_replies_and_verify_bodies_are_complete_for_nemo_gym(nemo, head, tmp_path):
+    """NeMo-Gym's agents validate every model reply, and its resources servers every `/verify` body
+    (a missing `parallel_tool_calls`, `tool_choice`, `tools` or usage detail is a 422 there)."""
+    rows = {r["name"]: r for r in httpx.get(f"{head['url']}/server_instances", timeout=10).json()}
+    params = {"input": [{"role": "user", "content": "2+2?"}], "tools": [], "temperature": 0.5}
+    model_reply = httpx.post(f"{rows['policy_model']['url']}/v1/responses", json=params, timeout=30).json()
+    row = {**ROWS[0], "responses_create_params": {**ROWS[0]["responses_create_params"], "temperature": 0.5}}
+    rollout = httpx.post(f"{rows['math_simple_agent']['url']}/run", json=row, timeout=60).json()
+    assert rollout["reward"] == 1.0
+    verify_body = {**row, "response": rollout["response"]}
+    assert rollout["response"]["temperature"] == 0.5 and rollout["response"]["parallel_tool_calls"] is True
+    data = {"model_reply": model_reply, "verify_body": verify_body}
+    assert nemo.python_json(NEMO_VALIDATE, data, tmp_path) == "ok"

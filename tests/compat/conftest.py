@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,3 +37,11 @@ class NeMoGym:
 @pytest.fixture(scope="session")
 def nemo() -> NeMoGym:
     return NeMoGym(nemo_gym.venv())
+
+
+@pytest.fixture
+def workdir():
+    """NeMo-Gym's working folder (its commands write files into the current folder). Not pytest's
+    tmp_path: another pytest session of the same user may prune that while a command runs in it."""
+    with tempfile.TemporaryDirectory(prefix="gymserve-compat-") as path:
+        yield Path(path)

@@ -34,8 +34,8 @@ def _close(ours: dict, theirs: dict, where: str) -> None:
         assert theirs[key] == pytest.approx(value), f"{where}: {key} {value} != NeMo-Gym's {theirs[key]}"
 
 
-def test_aggregate_metrics_equal_nemo_gyms(nemo, tmp_path):
-    theirs_all = nemo.python_json(NEMO_AGGREGATE, CASES, tmp_path)
+def test_aggregate_metrics_equal_nemo_gyms(nemo, workdir):
+    theirs_all = nemo.python_json(NEMO_AGGREGATE, CASES, workdir)
     for i, (case, theirs) in enumerate(zip(CASES, theirs_all)):
         ours = aggregate_metrics({"verify_responses": case})
         assert ours["key_metrics"] == pytest.approx(theirs["key_metrics"]), f"case {i}"
@@ -51,16 +51,16 @@ def test_aggregate_metrics_equal_nemo_gyms(nemo, tmp_path):
     validated = nemo.python_json("""
 from nemo_gym.config_types import AggregateMetrics
 print(json.dumps(AggregateMetrics.model_validate(data).model_dump()))
-""", aggregate_metrics({"verify_responses": CASES[0]}), tmp_path)
+""", aggregate_metrics({"verify_responses": CASES[0]}), workdir)
     assert validated["agent_metrics"]["mean/reward"] == pytest.approx(0.5)
     assert validated["key_metrics"]["coverage/masked_rollouts"] == 1
 
 
-def test_environment_server_names_are_nemo_gyms(nemo, tmp_path):
+def test_environment_server_names_are_nemo_gyms(nemo, workdir):
     agents = [["math_simple_agent", "simple_agent"], ["workplace_assistant_simple_agent", "simple_agent"],
               ["my_agent", "multi_turn_agent"], ["simple_agent", "simple_agent"], ["judge", "simple_agent"]]
     theirs = nemo.python_json("""
 from nemo_gym.global_config import legacy_environment_server_name
 print(json.dumps([legacy_environment_server_name(a, t) for a, t in data]))
-""", agents, tmp_path)
+""", agents, workdir)
     assert [environment_server_name(a, t) for a, t in agents] == theirs

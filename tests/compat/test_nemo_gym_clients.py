@@ -50,28 +50,28 @@ def test_config_has_an_environment_server_per_agent(head):
     assert (relay["host"], relay["port"]) == (agent["host"], agent["port"])
 
 
-def test_ng_collect_rollouts_collects_from_our_head(nemo, head, tmp_path):
-    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+def test_ng_collect_rollouts_collects_from_our_head(nemo, head, workdir):
+    (workdir / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     done = nemo.run("ng_collect_rollouts", head["arg"], "+agent_name=math_simple_agent",
                     "+input_jsonl_fpath=rows.jsonl", "+output_jsonl_fpath=rollouts.jsonl", "+num_repeats=2",
-                    cwd=tmp_path)
+                    cwd=workdir)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    rollouts = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    rollouts = [json.loads(line) for line in (workdir / "rollouts.jsonl").read_text().splitlines()]
     assert len(rollouts) == 4
     for r in rollouts:
         assert r["agent_ref"]["name"] == "math_simple_agent"
         assert r["reward"] == (1.0 if r["expected_answer"] == "4" else 0.0), r
         assert r["mask_sample"] is False and r["_ng_environment_server"] == "math_environment_server"
-    assert (tmp_path / "rollouts_failures.jsonl").read_text().strip() == ""
-    [entry] = json.loads((tmp_path / "rollouts_aggregate_metrics.json").read_text())
+    assert (workdir / "rollouts_failures.jsonl").read_text().strip() == ""
+    [entry] = json.loads((workdir / "rollouts_aggregate_metrics.json").read_text())
     assert entry["agent_ref"]["name"] == "math_simple_agent"
     assert entry["key_metrics"]["mean/reward"] == pytest.approx(0.5)
     assert entry["agent_metrics"]["num_repeats"] == 2
     assert {g["_ng_task_index"]: g["mean/reward"] for g in entry["group_level_metrics"]} == {0: 1.0, 1: 0.0}
 
 
-def test_gym_env_status_lists_our_servers(nemo, head, tmp_path):
-    done = nemo.run("gym", "env", "status", head["arg"], cwd=tmp_path, timeout_s=300)
+def test_gym_env_status_lists_our_servers(nemo, head, workdir):
+    done = nemo.run("gym", "env", "status", head["arg"], cwd=workdir, timeout_s=300)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     for name in ("policy_model", "math", "math_simple_agent"):
         assert f"✓ {name} (" in done.stdout, done.stdout[-4000:]
@@ -87,7 +87,7 @@ print(json.dumps("ok"))
 """
 
 
-def test_model_replies_and_verify_bodies_are_complete_for_nemo_gym(nemo, head, tmp_path):
+def test_model_replies_and_verify_bodies_are_complete_for_nemo_gym(nemo, head, workdir):
     """NeMo-Gym's agents validate every model reply, and its resources servers every `/verify` body
     (a missing `parallel_tool_calls`, `tool_choice`, `tools` or usage detail is a 422 there)."""
     rows = {r["name"]: r for r in httpx.get(f"{head['url']}/server_instances", timeout=10).json()}
@@ -99,4 +99,4 @@ def test_model_replies_and_verify_bodies_are_complete_for_nemo_gym(nemo, head, t
     verify_body = {**row, "response": rollout["response"]}
     assert rollout["response"]["temperature"] == 0.5 and rollout["response"]["parallel_tool_calls"] is True
     data = {"model_reply": model_reply, "verify_body": verify_body}
-    assert nemo.python_json(NEMO_VALIDATE, data, tmp_path) == "ok"
+    assert nemo.python_json(NEMO_VALIDATE, data, workdir) == "ok"

@@ -8,6 +8,9 @@ NeMo-Gym's clients send no API key, so the stack runs with the loopback-only opt
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -100,3 +103,17 @@ def test_model_replies_and_verify_bodies_are_complete_for_nemo_gym(nemo, head, w
     assert rollout["response"]["temperature"] == 0.5 and rollout["response"]["parallel_tool_calls"] is True
     data = {"model_reply": model_reply, "verify_body": verify_body}
     assert nemo.python_json(NEMO_VALIDATE, data, workdir) == "ok"
+
+
+def test_gymserve_collect_routes_nemo_gym_rows_with_agent(head, workdir):
+    """NeMo-Gym rows carry no agent_ref: `gymserve collect --agent NAME` routes them, as `+agent_name`."""
+    rows = workdir / "rows.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    out = workdir / "rollouts.jsonl"
+    done = subprocess.run([sys.executable, "-m", "gymserve", "collect", "-i", str(rows), "-o", str(out),
+                           "--head", head["url"], "--agent", "math_simple_agent", "--no-progress"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "GYMSERVE_NO_AUTH": "1"})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["expected_answer"], r["reward"]) for r in records) == [("4", 1.0), ("7", 0.0)]
+    assert all(r["agent_ref"]["name"] == "math_simple_agent" for r in records)

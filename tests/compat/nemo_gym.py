@@ -16,6 +16,9 @@ from pathlib import Path
 
 VERSION = "0.7.0"
 STAMP = ".gymserve-installed"
+# NeMo-Gym installs each resources server's requirements.txt beside it; these are the ones of the
+# servers the differential tests run (resources_servers/math_with_judge/requirements.txt)
+SERVER_REQUIREMENTS = ["math-verify==0.8.0"]
 
 
 def cache_root() -> Path:
@@ -42,11 +45,18 @@ def venv() -> Path:
     target = root / f"nemo-gym-{VERSION}"
     with open(root / f"nemo-gym-{VERSION}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / STAMP).exists():
+        stamp = target / STAMP
+        if not stamp.exists():
             shutil.rmtree(target, ignore_errors=True)
             subprocess.run([python313(), "-m", "venv", str(target)], check=True)
             # 0.7.0 declares requires-python >=3.13.14; it runs on any 3.13
-            subprocess.run([str(target / "bin" / "python"), "-m", "pip", "install", "-q",
-                            "--ignore-requires-python", f"nemo-gym=={VERSION}"], check=True, timeout=1500)
-            (target / STAMP).touch()
+            _pip(target, "--ignore-requires-python", f"nemo-gym=={VERSION}")
+            stamp.write_text("")
+        if stamp.read_text().split() != SERVER_REQUIREMENTS:  # a cache from before a requirement was added
+            _pip(target, *SERVER_REQUIREMENTS)
+            stamp.write_text("\n".join(SERVER_REQUIREMENTS))
     return target
+
+
+def _pip(target: Path, *args: str) -> None:
+    subprocess.run([str(target / "bin" / "python"), "-m", "pip", "install", "-q", *args], check=True, timeout=1500)

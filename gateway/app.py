@@ -30,6 +30,7 @@ from services.core.registration import STACK_TOKEN_ENV, STACK_TOKEN_HEADER
 
 from . import dashboard
 from .health import HealthMonitor
+from .nemo_gym import AGENT_TYPE, environment_servers, with_references
 from .proxy import Proxy
 from . import registration_rules as rules
 from .registry import Registration, Registry
@@ -78,16 +79,21 @@ def resolve_stack(config: Config) -> Stack:
 def global_config(config: Config, stack: Stack, registry: Registry) -> dict[str, Any]:
     """NeMo-Gym's global config shape: `head_server` plus `{instance: {server_type: {impl: {...}}}}`.
 
-    NeMo-Gym clients find a server's host/port by walking exactly this shape.
+    NeMo-Gym clients find a server's host/port by walking exactly this shape; 0.7.0's collector
+    also needs an environment server in front of each agent (`gateway/nemo_gym.py`).
     """
     out: dict[str, Any] = {"head_server": {"host": connect_host(config.host), "port": config.port,
                                            "url": connect_url(config.host, config.port)}}
     if stack.head.openrlhf_environment or config.openrlhf_environment:
         out["head_server"]["openrlhf_environment"] = config.openrlhf_environment or stack.head.openrlhf_environment
+    agents = []
     for inst in registry.instances():
         impl = inst.kind.rsplit("/", 1)[-1] or inst.name
-        out[inst.name] = {inst.server_type: {impl: {
-            "kind": inst.kind, "host": inst.host, "port": inst.port, "url": inst.url, **inst.options}}}
+        address = {"host": inst.host, "port": inst.port, "url": inst.url}
+        out[inst.name] = {inst.server_type: {impl: {"kind": inst.kind, **address, **with_references(inst.options)}}}
+        if inst.server_type == AGENT_TYPE:
+            agents.append((inst.name, impl, address))
+    out.update(environment_servers(agents, taken=set(out)))
     return redact(out)
 
 

@@ -24,6 +24,8 @@ from services.core.errors import GymError
 from services.core.hosts import connect_url
 from services.core.config import Stack
 
+from .nemo_gym import instance_fields
+
 SERVER_TYPES = ("resources_servers", "responses_api_agents", "responses_api_models", "head_server")
 
 
@@ -72,6 +74,7 @@ class Instance:
         self.pid: int | None = None
         self.expires: float | None = None  # monotonic time the last heartbeat runs out
         self.registered_at: float | None = None
+        self.started_at = time.time()  # reset when another process registers under the name
         self.extra: dict[str, Any] = {}
         self.lease: str | None = None
         self.trusted = static  # the bearer key may be sent to it (a server of the stack or its network)
@@ -98,6 +101,8 @@ class Instance:
             "static": self.static,
             "trusted": self.trusted,
             "heartbeat_age_s": None if self.registered_at is None else round(time.time() - self.registered_at, 3),
+            "start_time": self.started_at,
+            **instance_fields(self.name),
         }
 
 
@@ -156,6 +161,8 @@ class Registry:
             inst.lease = reg.lease if not inst.static and reg.lease else secrets.token_urlsafe(24)
         url_host = (urlsplit(inst.url).hostname or "").lower()
         inst.trusted = inst.static or (inst.host.lower() in self.trusted_hosts and url_host in self.trusted_hosts)
+        if reg.pid is not None and reg.pid != inst.pid:
+            inst.started_at = time.time()
         inst.pid = reg.pid
         inst.expires = now + reg.ttl_s
         inst.registered_at = time.time()

@@ -41,6 +41,14 @@ def agent_name(row: dict[str, Any]) -> str | None:
     return None
 
 
+def route_to(rows: list[dict[str, Any]], agent: str) -> tuple[list[dict[str, Any]], int]:
+    """Every row sent to `agent` (NeMo-Gym's `+agent_name`: rows need no `agent_ref`, and one they
+    carry is overridden); also how many rows named another agent."""
+    ref = {"type": "responses_api_agents", "name": agent}
+    overridden = sum(1 for row in rows if agent_name(row) not in (None, agent))
+    return [{**row, "agent_ref": dict(ref)} for row in rows], overridden
+
+
 def failure_record(row: dict[str, Any], kind: FailureKind, reason: str) -> dict[str, Any]:
     """The row with the failure marked: masked, no reward (a missing reward is not a 0)."""
     record = dict(row)

@@ -1,0 +1,46 @@
+"""The trainer compatibility table of docs/trainer-compat.md, one row per framework, each row
+written next to the tests that prove it (named in `proven_by`). `render()` is the Markdown the
+page carries between its compat-table markers; `test_compat_table_is_current` compares them."""
+from __future__ import annotations
+
+from importlib.metadata import version
+from pathlib import Path
+
+from tests.integration.nemo_rl_excerpts import COMMIT
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "trainer-compat.md"
+START, END = "<!-- compat-table:start -->", "<!-- compat-table:end -->"
+COLUMNS = ["framework", "version tested", "what works", "masked failures", "a user adds", "proven by"]
+
+
+def rows() -> list[dict[str, str]]:
+    return [
+        {"framework": "TRL `rollout_func`", "version tested": f"trl {version('trl')} (installed)",
+         "what works": "GRPO/GDPO through agents' `/run` (`gymserve train`)",
+         "masked failures": "every reward None: TRL leaves the rollout out of the group baseline, advantage 0",
+         "a user adds": "nothing (`gymserve train -c`)",
+         "proven by": "`tests/integration/test_trainer_train_e2e.py`"},
+        {"framework": "NeMo RL", "version tested": f"main at {COMMIT[:10]} and v0.7.0 (source excerpts)",
+         "what works": "`register` + `create_env`, training and evaluation `step`, multi-reward as "
+                       "`reward/<name>` dict (main) or (B, K) tensor (v0.7)",
+         "masked failures": "no per-sample mask on the generic path: the step raises (default) or "
+                            "scores 0 with a logged, counted warning (`on_failure: count`)",
+         "a user adds": "`register(name)` before `create_env`; gymserve on `PYTHONPATH`",
+         "proven by": "`tests/integration/test_nemo_rl_adapter.py`"},
+    ]
+
+
+def render() -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(row[c] for c in COLUMNS) + " |" for row in rows()]
+    return "\n".join(lines)
+
+
+def page_table(text: str) -> str:
+    return text.split(START, 1)[1].split(END, 1)[0].strip()
+
+
+def write_page() -> None:
+    text = PAGE.read_text()
+    head, rest = text.split(START, 1)
+    PAGE.write_text(f"{head}{START}\n{render()}\n{END}{rest.split(END, 1)[1]}")

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.integration._trainer_stack import small_stack
-from trainer.train import load_config
+from trainer.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
@@ -53,7 +53,7 @@ def test_learn_cpu_reward_rises_and_weights_version_advances(tmp_path):
     last = sum(s["reward"] for s in steps[-3:]) / 3
     assert last >= MIN_LAST and last - first >= MIN_RISE, (first, last, [s["reward"] for s in steps])
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
-    batch = load_config(REPO / "deploy/train/learn_cpu.yaml").grpo["per_device_train_batch_size"]
+    batch = load_config(REPO / "deploy/train/learn_cpu.yaml").grpo.trl_options()["per_device_train_batch_size"]
     assert len(rollouts) == STEPS * batch  # every sampled rollout, kept as sampled
     assert {r["policy_version"] for r in rollouts} == set(range(STEPS))  # batch k sampled with version k
     scored = [r for r in rollouts if r["reward"] == 1.0]

@@ -60,11 +60,12 @@ class GrpoConfig(BaseModel):
     overlong_filtering: StrictBool | None = None
     ratio_clip_c: float | None = Field(None, gt=1)
     use_on_policy_kl_approximation: StrictBool | None = None
+    val_period: StrictInt | None = Field(None, ge=1)  # evaluate every this-many steps (TRL eval_steps)
 
     @model_validator(mode="after")
     def _one_name_per_option(self) -> GrpoConfig:
         extra = self.model_extra or {}
-        for ours, theirs in _TRL_ALIASES.items():
+        for ours, theirs in {**_TRL_ALIASES, "val_period": "eval_steps"}.items():
             if getattr(self, ours) is not None and theirs in extra:
                 raise ValueError(f"{ours} and {theirs} set the same TRL option: keep one")
         return self
@@ -75,6 +76,9 @@ class GrpoConfig(BaseModel):
         for ours, theirs in _TRL_ALIASES.items():
             if getattr(self, ours) is not None:
                 options[theirs] = getattr(self, ours)
+        if self.val_period is not None:
+            options.setdefault("eval_strategy", "steps")
+            options["eval_steps"] = self.val_period
         return options
 
 
@@ -84,6 +88,7 @@ class TrainConfig(_Strict):
     model: str = "embedded"
     head_url: str | None = None
     eval_data: list[str] = Field(default_factory=list)
+    split_validation_size: float = Field(0, ge=0)  # rows (>= 1) or a fraction (< 1) of train_data held out
     reward_components: list[str] = Field(default_factory=list)
     reward_functions: Literal["auto", "total", "components", "both"] = "auto"
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -95,9 +100,11 @@ class TrainConfig(_Strict):
     progress: bool = True
 
     @model_validator(mode="after")
-    def _gdpo_needs_components(self) -> TrainConfig:
+    def _consistent(self) -> TrainConfig:
         if self.grpo.advantage == "gdpo" and len(self.reward_components) < 2:
             raise ValueError("grpo.advantage gdpo needs at least 2 reward_components")
+        if self.split_validation_size >= 1 and self.split_validation_size != int(self.split_validation_size):
+            raise ValueError("split_validation_size: a number of rows (>= 1) or a fraction below 1")
         return self
 
     def importance_sampling(self) -> bool:

@@ -36,10 +36,11 @@ from typing import Any
 
 import httpx
 
-from .client import agent_name, default_head_url, run_sync
+from .client import default_head_url, run_sync
 from .config import TrainConfig, TrainConfigError, grpo_args, model_path
+from .data import load_rows
 from .grpo import trainer_class
-from .jsonl import JsonlAppender, read_complete_lines, read_rows
+from .jsonl import JsonlAppender, read_complete_lines
 from .report import write_training_report
 from .step_log import StepLog, plot
 from .trl import make_rollout_func, reward_functions, to_trl_dataset
@@ -115,14 +116,7 @@ def build_trainer(config: TrainConfig):
         import torch
 
         torch.set_num_threads(int(os.environ["GYMSERVE_TORCH_THREADS"]))
-    train_rows = [row for path in config.train_data for row in read_rows(path)]
-    eval_rows = [row for path in config.eval_data for row in read_rows(path)]
-    if not train_rows:
-        raise TrainConfigError("train_data has no rows")
-    unroutable = [i for i, row in enumerate(train_rows + eval_rows, 1) if not agent_name(row)]
-    if unroutable:
-        raise TrainConfigError(f"{len(unroutable)} row(s) have no agent_ref.name (rows {unroutable[:10]}): "
-                               "stamp it with `gymserve prepare --agent NAME`")
+    train_rows, eval_rows = load_rows(config)
     path = model_path(config.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:

@@ -122,3 +122,25 @@ def test_importance_sampling_defaults_on_with_policy_lag(tmp_path):
     assert _config(tmp_path, "", ["grpo.use_importance_sampling_correction=true"]).importance_sampling()
     config = _config(tmp_path, "reward_components: [a, b]\n", ["grpo.advantage=gdpo"])
     assert config.grpo.advantage == "gdpo" and "advantage" not in config.grpo.trl_options()
+
+
+def test_split_validation_holds_out_seeded_rows(tmp_path):
+    import json
+
+    from trainer.data import load_rows, split_validation
+
+    rows = [{"agent_ref": {"name": "a" if i % 2 else "b"}, "i": i} for i in range(20)]
+    train, held = split_validation(rows, 0.1, seed=0)
+    assert len(held) == 2 and len(train) == 18 and not {r["i"] for r in held} & {r["i"] for r in train}
+    assert split_validation(rows, 0.1, seed=0) == (train, held)  # seeded
+    assert len(split_validation(rows, 5, seed=1)[1]) == 5
+    with pytest.raises(TrainConfigError, match="no training rows"):
+        split_validation(rows, 20, seed=0)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = _config(tmp_path, "split_validation_size: 4\n", ["grpo.val_period=3"])  # rows.jsonl: next to it
+    train, held = load_rows(config)
+    assert len(train) == 16 and len(held) == 4
+    assert config.grpo.trl_options() == {"eval_strategy": "steps", "eval_steps": 3}
+    with pytest.raises(TrainConfigError, match="split_validation_size"):
+        _config(tmp_path, "", ["split_validation_size=2.5"])

@@ -56,8 +56,8 @@ def mismatch_metrics(trainer: Any, generation: Any, mask: Any, *, cap: float | N
     keep = known_mask(generation, mask)
     if not bool(keep.any()):
         return {}
-    prev = trainer.float()[keep]
-    gen = generation.float()[keep]
+    prev = trainer.double()[keep]  # float64: the KLs of nearly equal logprobs are differences of ~1e-7
+    gen = generation.double()[keep]
     log_mixture = torch.log(0.5 * torch.exp(prev) + 0.5 * torch.exp(gen))
     js = 0.5 * _k3(prev - log_mixture) + 0.5 * _k3(gen - log_mixture)
     weights = importance_weights(trainer, generation, mask, cap)[keep]

@@ -3,6 +3,7 @@ truncated importance-sampling weights, and the config keys named after NeMo RL's
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -144,3 +145,13 @@ def test_split_validation_holds_out_seeded_rows(tmp_path):
     assert config.grpo.trl_options() == {"eval_strategy": "steps", "eval_steps": 3}
     with pytest.raises(TrainConfigError, match="split_validation_size"):
         _config(tmp_path, "", ["split_validation_size=2.5"])
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[2] / "deploy/train").glob("*.yaml")))
+def test_shipped_training_configs_load(name):
+    from trainer.config import grpo_args
+
+    config = load_config(Path(__file__).resolve().parents[2] / "deploy/train" / name)
+    assert grpo_args(config).max_steps > 0
+    if name == "learn_multi_cpu.yaml":  # two environments of different kinds, NeMo RL's estimator
+        assert len(config.train_data) == 2 and config.grpo.advantage == "nemo_rl_grpo"

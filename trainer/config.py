@@ -85,6 +85,10 @@ class GrpoConfig(BaseModel):
 class TrainConfig(_Strict):
     output_dir: str
     train_data: list[str]
+    # rollout_func: agents' /run through the head; environment_factory: TRL generates, resource servers
+    # give tools and reward (trainer/environment_factory.py), each row's `environment` or `environment`
+    mode: Literal["rollout_func", "environment_factory"] = "rollout_func"
+    environment: str | None = None
     model: str = "embedded"
     head_url: str | None = None
     eval_data: list[str] = Field(default_factory=list)

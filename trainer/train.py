@@ -3,6 +3,8 @@
 Config (YAML; `key=value` overrides on the command line, dotted for nesting):
 
     head_url: http://127.0.0.1:11000      # where agents are found ($GYMSERVE_HEAD_URL if unset)
+    mode: rollout_func                    # or environment_factory (trainer/environment_factory.py)
+    environment: null                     # environment_factory: resource server of rows without `environment`
     model: embedded                       # a local HF folder, or `embedded` (SmolLM2-135M-Instruct)
     train_data: datasets/code_jaccard/example.jsonl   # JSONL of rows with agent_ref (or a list)
     eval_data: null
@@ -39,6 +41,7 @@ import httpx
 from .client import default_head_url, run_sync
 from .config import TrainConfig, TrainConfigError, grpo_args, model_path
 from .data import load_rows
+from .environment_factory import environment_inputs, tool_chat_template
 from .grpo import trainer_class
 from .jsonl import JsonlAppender, read_complete_lines
 from .report import write_training_report
@@ -124,24 +127,30 @@ def build_trainer(config: TrainConfig):
     model = AutoModelForCausalLM.from_pretrained(path, dtype="auto")
     rollout = config.rollout.model_dump(exclude_unset=True)
     head_url = config.head_url or default_head_url()
-    hooks = PolicyHooks(weight_sync(config, args, head_url))
+    hooks = PolicyHooks(weight_sync(config, args, head_url) if config.mode == "rollout_func" else None)
     rollouts = JsonlAppender(Path(config.output_dir) / ROLLOUTS, truncate=True)  # every record, as sampled
 
     def keep(records: list[dict[str, Any]]) -> None:
         for record in records:
             rollouts.write(record)
 
-    rollout_func = make_rollout_func(head_url, tokenizer, rows=train_rows + eval_rows, before_batch=hooks.before_batch,
-                                     after_batch=hooks.after_batch, on_records=keep, **rollout)
     step_log = StepLog(config.output_dir, total=args.max_steps if args.max_steps > 0 else None,
                        progress=config.progress, head_url=head_url)
-    trainer = trainer_class()(model=model, reward_funcs=_reward_funcs(config, args), args=args,
-                              train_dataset=to_trl_dataset(train_rows),
-                              eval_dataset=to_trl_dataset(eval_rows) if eval_rows else None,
-                              processing_class=tokenizer, rollout_func=rollout_func,
-                              callbacks=[step_callback(step_log)], advantage=config.grpo.advantage,
-                              importance_sampling=config.importance_sampling(),
-                              importance_sampling_cap=config.grpo.truncated_importance_sampling_ratio)
+    common = {"model": model, "args": args, "processing_class": tokenizer, "callbacks": [step_callback(step_log)],
+              "advantage": config.grpo.advantage}
+    if config.mode == "environment_factory":  # TRL generates with the model it trains: no rollouts, no sync
+        rollout_func = None
+        common["processing_class"] = tool_chat_template(tokenizer)
+        trainer = trainer_class()(**common, **environment_inputs(config, head_url, train_rows, eval_rows))
+    else:
+        rollout_func = make_rollout_func(head_url, tokenizer, rows=train_rows + eval_rows,
+                                         before_batch=hooks.before_batch, after_batch=hooks.after_batch,
+                                         on_records=keep, **rollout)
+        trainer = trainer_class()(**common, reward_funcs=_reward_funcs(config, args),
+                                  train_dataset=to_trl_dataset(train_rows),
+                                  eval_dataset=to_trl_dataset(eval_rows) if eval_rows else None,
+                                  rollout_func=rollout_func, importance_sampling=config.importance_sampling(),
+                                  importance_sampling_cap=config.grpo.truncated_importance_sampling_ratio)
     if config.progress:  # the rich bar replaces transformers' tqdm bar and its printed dicts
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -149,7 +158,7 @@ def build_trainer(config: TrainConfig):
         trainer.remove_callback(PrinterCallback)
     trainer.gymserve_sync = hooks.sync
     trainer.gymserve_rollouts = rollouts
-    trainer.gymserve_client = rollout_func.client  # type: ignore[attr-defined]
+    trainer.gymserve_client = rollout_func.client if rollout_func else None  # type: ignore[attr-defined]
     return trainer
 
 
@@ -159,7 +168,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
         result = trainer.train()
     finally:
         trainer.gymserve_rollouts.close()
-        run_sync(trainer.gymserve_client.aclose)  # its pooled connections, before the loop thread dies
+        if trainer.gymserve_client is not None:
+            run_sync(trainer.gymserve_client.aclose)  # its pooled connections, before the loop thread dies
     if trainer.gymserve_sync is not None:  # the policy server ends on the final weights
         trainer.gymserve_sync.push(trainer.accelerator.unwrap_model(trainer.model), int(result.global_step))
     metrics = Path(config.output_dir) / "metrics.jsonl"

@@ -20,6 +20,12 @@ def rows() -> list[dict[str, str]]:
          "masked failures": "every reward None: TRL leaves the rollout out of the group baseline, advantage 0",
          "a user adds": "nothing (`gymserve train -c`)",
          "proven by": "`tests/integration/test_trainer_train_e2e.py`"},
+        {"framework": "TRL `environment_factory`", "version tested": f"trl {version('trl')} (installed)",
+         "what works": "one environment class per resource server, tools typed from its OpenAPI, "
+                       "`reset` seeds a session, `get_reward` verifies it; a dict of factories for mixed rows; one GRPO step in `gymserve train`",
+         "masked failures": "`get_reward` returns None: TRL leaves the rollout out of the group baseline, advantage 0",
+         "a user adds": "`mode: environment_factory` in the train config",
+         "proven by": "`tests/integration/test_trl_environment_factory.py`"},
         {"framework": "NeMo RL", "version tested": f"main at {COMMIT[:10]} and v0.7.0 (source excerpts)",
          "what works": "`register` + `create_env`, training and evaluation `step`, multi-reward as "
                        "`reward/<name>` dict (main) or (B, K) tensor (v0.7)",

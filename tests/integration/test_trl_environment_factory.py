@@ -82,7 +82,17 @@ def test_unverifiable_rollout_reaches_trl_as_none(factories):
     row = {k: v for k, v in _rows("workplace")[0].items() if k != "ground_truth"}
     env = factories["workplace"]()
     env.reset(**row)
-    assert env.get_reward() is None
+    assert env.get_reward() is None  # the server rejects the row: no verdict
+
+
+def test_server_gone_before_verify_is_none():
+    from gymserve.testing import ServerProcess
+    from trainer.environment_factory import environment_class
+
+    with ServerProcess("resources/workplace", name="workplace_gone") as server:
+        env = environment_class("workplace", server.url)()
+        env.reset(**_rows("workplace")[0])
+    assert env.get_reward() is None  # connection refused: no verdict, never 0
 
 
 @pytest.mark.slow

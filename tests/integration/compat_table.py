@@ -22,7 +22,8 @@ def rows() -> list[dict[str, str]]:
          "proven by": "`tests/integration/test_trainer_train_e2e.py`"},
         {"framework": "TRL `environment_factory`", "version tested": f"trl {version('trl')} (installed)",
          "what works": "one environment class per resource server, tools typed from its OpenAPI, "
-                       "`reset` seeds a session, `get_reward` verifies it; a dict of factories for mixed rows; one GRPO step in `gymserve train`",
+                       "`reset` seeds a session, `get_reward` verifies it; a dict of factories for mixed rows; "
+                       "one GRPO step in `gymserve train`",
          "masked failures": "`get_reward` returns None: TRL leaves the rollout out of the group baseline, advantage 0",
          "a user adds": "`mode: environment_factory` in the train config",
          "proven by": "`tests/integration/test_trl_environment_factory.py`"},

@@ -34,6 +34,12 @@ def rows() -> list[dict[str, str]]:
                             "scores 0 with a logged, counted warning (`on_failure: count`)",
          "a user adds": "`register(name)` before `create_env`; gymserve on `PYTHONPATH`",
          "proven by": "`tests/integration/test_nemo_rl_adapter.py`"},
+        {"framework": "OpenRLHF", "version tested": "openrlhf 0.11.2 (`--no-deps`, client and samples generator)",
+         "what works": "its remote reward client (`--remote_rm_url`) on the head's `/get_reward`; the reply "
+                       "becomes an Experience",
+         "masked failures": "no per-sample mask: reward 0 with `extra_logs.mask_sample` 1, counted in its logs",
+         "a user adds": "`head.openrlhf_environment` in the stack; `--remote_rm_url HEAD/get_reward`",
+         "proven by": "`tests/integration/test_openrlhf_remote_rm.py`"},
     ]
 
 

@@ -34,6 +34,13 @@ def rows() -> list[dict[str, str]]:
                             "scores 0 with a logged, counted warning (`on_failure: count`)",
          "a user adds": "`register(name)` before `create_env`; gymserve on `PYTHONPATH`",
          "proven by": "`tests/integration/test_nemo_rl_adapter.py`"},
+        {"framework": "verl", "version tested": "verl 0.9.1 (`--no-deps`, reward loop)",
+         "what works": "`compute_score` loaded by `get_custom_reward_fn`, scored by the `naive` and `gdpo` reward "
+                       "managers (components in `reward_extra_info`); not its agent loop",
+         "masked failures": "no per-sample mask: the reward step raises (default), or 0 with `mask_sample` 1 "
+                            "(`GYMSERVE_VERL_ON_FAILURE=zero`)",
+         "a user adds": "`reward.custom_reward_function.path: pkg://trainer.adapters.verl`; gymserve on `PYTHONPATH`",
+         "proven by": "`tests/integration/test_verl_reward_manager.py`"},
         {"framework": "OpenRLHF", "version tested": "openrlhf 0.11.2 (`--no-deps`, client and samples generator)",
          "what works": "its remote reward client (`--remote_rm_url`) on the head's `/get_reward`; the reply "
                        "becomes an Experience",

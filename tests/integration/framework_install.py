@@ -1,9 +1,9 @@
 """Real framework packages for the adapter tests, installed once per machine outside the repository
-(`$GYMSERVE_CACHE_DIR/frameworks/<name>`, default `~/.cache/gymserve`), file-locked and reused across
-runs. They cannot share the project's virtualenv (their pins clash with ours: OpenRLHF 0.11.2
-pins flash-attn, deepspeed, ray 2.55 and transformers 5.15; verl 0.9.1 pins transformers<5.11), so the package goes in with `--no-deps`,
-plus the few pure-Python modules its code paths import; everything else comes from our venv (CPU
-torch 2.13.0)."""
+(`$GYMSERVE_CACHE_DIR/frameworks/<name>`, default `~/.cache/gymserve`), file-locked and reused
+across runs. They cannot share the project's virtualenv (their pins clash with ours: OpenRLHF
+0.11.2 pins flash-attn, deepspeed, ray 2.55 and transformers 5.15; verl 0.9.1 pins
+transformers<5.11), so the package goes in with `--no-deps`, plus the few pure-Python modules its
+code paths import; everything else comes from our venv (CPU torch 2.13.0)."""
 from __future__ import annotations
 
 import fcntl

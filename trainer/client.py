@@ -17,7 +17,9 @@ import threading
 import time
 from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
+from services.core.auth import adopt_default_key
 from services.core.client import ServiceClient
+from services.core.redaction import redact_text
 from services.core.directory import Directory
 from services.core.errors import UpstreamError
 from services.core.failures import FailureKind, as_kind
@@ -39,10 +41,18 @@ def agent_name(row: dict[str, Any]) -> str | None:
     return None
 
 
+def route_to(rows: list[dict[str, Any]], agent: str) -> tuple[list[dict[str, Any]], int]:
+    """Every row sent to `agent` (NeMo-Gym's `+agent_name`: rows need no `agent_ref`, and one they
+    carry is overridden); also how many rows named another agent."""
+    ref = {"type": "responses_api_agents", "name": agent}
+    overridden = sum(1 for row in rows if agent_name(row) not in (None, agent))
+    return [{**row, "agent_ref": dict(ref)} for row in rows], overridden
+
+
 def failure_record(row: dict[str, Any], kind: FailureKind, reason: str) -> dict[str, Any]:
     """The row with the failure marked: masked, no reward (a missing reward is not a 0)."""
     record = dict(row)
-    record.update(reward=None, mask_sample=True, failure_kind=str(kind), failure_reason=reason[:2000])
+    record.update(reward=None, mask_sample=True, failure_kind=str(kind), failure_reason=redact_text(reason)[:2000])
     record.setdefault("policy_version", None)
     return record
 
@@ -71,6 +81,7 @@ class RolloutClient:
     def __init__(self, head_url: str | None = None, *, agents: dict[str, str] | None = None,
                  concurrency: int = 32, deadline_s: float = 900.0, retries: int = 2,
                  client: ServiceClient | None = None) -> None:
+        adopt_default_key()  # the key `gymserve up` generated, when none is given
         # its own pool sized to the concurrency: no more connections than rollouts in flight
         self._owns_client = client is None
         self.client = client or ServiceClient(max_connections=max(8, int(concurrency) + 4))

@@ -103,7 +103,7 @@ def weight_sync(config: TrainConfig, args: Any, head_url: str) -> WeightSync | N
                     "off-policy after the first step", exc)
         return None
     log.info("weight sync: policy server %s at %s, max_policy_lag=%d", name, url, options.max_policy_lag)
-    return WeightSync(url, max_policy_lag=options.max_policy_lag)
+    return WeightSync(url, max_policy_lag=options.max_policy_lag, required=enabled is True)
 
 
 def build_trainer(config: TrainConfig):

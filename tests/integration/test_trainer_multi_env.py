@@ -24,7 +24,8 @@ ENVS = ("math", "mcqa")
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_multi_env_run_logs_per_env_rewards_and_mismatch_metrics(tmp_path):
-    servers = [("models/hf", "policy_model", []), ("resources/math", "math", []), ("resources/mcqa", "mcqa", [])]
+    servers = [("models/hf", "policy_model", ["accept_weights=true"]), ("resources/math", "math", []),
+               ("resources/mcqa", "mcqa", [])]
     servers += [("agents/simple_agent", f"{env}_simple_agent", [f"resources_server={env}", "model_server=policy_model"])
                 for env in ENVS]
     out = tmp_path / "run"

@@ -168,3 +168,35 @@ async def test_demo_runs_present_agents_and_skips_missing(stack, tmp_path, capsy
     out = capsys.readouterr().out
     assert "exact_match" in out and "skipped" in out
     assert len((tmp_path / "exact_match.jsonl").read_text().splitlines()) == 2
+
+
+async def test_batch_deadline_cancels_stragglers_only(stack):
+    head, _ = stack
+    client = RolloutClient(head.url, concurrency=4, deadline_s=60, retries=0)
+    rows = [_row("Capital of France?", "Paris"), _row("slow", "Paris", script=[{"sleep": 30, "text": "Paris"}]),
+            _row("Capital of France?", "Paris")]
+    quick, slow, quick_too = await client.run_many(rows, batch_deadline_s=4)
+    assert quick["reward"] == 1.0 and quick_too["reward"] == 1.0
+    assert slow["mask_sample"] is True and slow["reward"] is None and slow["failure_kind"] == "timeout"
+    assert "batch deadline" in slow["failure_reason"]
+
+
+def test_cli_collect_batch_deadline_masks_and_reports_stragglers(stack, tmp_path):
+    head, _ = stack
+    rows_path = tmp_path / "rows.jsonl"
+    rows = [_row("Capital of France?", "Paris")] * 3 + [_row("slow", "Paris", script=[{"sleep": 30, "text": "Paris"}])]
+    rows_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "cut.jsonl"
+    result = subprocess.run([sys.executable, "-m", "gymserve", "collect", "-i", str(rows_path), "-o", str(out),
+                             "--head", head.url, "--concurrency", "4", "--batch-deadline-s", "8", "--no-progress"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "1 cut by the batch deadline" in result.stdout
+    assert [r["reward"] for r in _lines(out)] == [1.0] * 3
+    (failure,) = _lines(sibling(out, "_failures.jsonl"))
+    assert failure["failure_kind"] == "timeout" and failure["mask_sample"] is True
+    run = json.loads(sibling(out, "_metrics.json").read_text())["run"]
+    assert run["cut_by_batch_deadline"] == 1 and run["batch_deadline_s"] == 8
+    bad = subprocess.run([sys.executable, "-m", "gymserve", "collect", "-i", str(rows_path), "-o", str(out),
+                          "--batch-deadline-s", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--batch-deadline-s" in bad.stderr

@@ -149,7 +149,7 @@ class _Outbox:
         self.thread = threading.Thread(target=self._run, name="gymserve-pool-outbox", daemon=True)
         self.thread.start()
 
-    def put(self, reply: tuple[int, bool, Any]) -> None:
+    def put(self, reply: tuple[int, bool | None, Any]) -> None:
         with self.cond:
             self.items.append(reply)
             self.cond.notify()
@@ -172,7 +172,7 @@ class _Outbox:
             if closing and not self.items:
                 return
 
-    def _send(self, replies: list[tuple[int, bool, Any]]) -> None:
+    def _send(self, replies: list[tuple[int, bool | None, Any]]) -> None:
         try:
             self.conn.send(replies)
             return
@@ -267,7 +267,10 @@ class _FairQueue:
 
     def __iter__(self) -> Iterator[_Item]:
         for group in self._groups:
-            yield from ([group] if type(group) is _Item else group)  # type: ignore[list-item]
+            if isinstance(group, _Item):
+                yield group
+            else:
+                yield from group
 
     def add(self, item: _Item) -> None:
         self._groups.append(item)
@@ -565,7 +568,7 @@ class WorkerPool:
         if self._all_ready and not self._all_ready.is_set() and all(w.ready for w in self._workers):
             self._all_ready.set()
 
-    def _on_result(self, worker: _Worker, message: tuple[int, bool, Any]) -> None:
+    def _on_result(self, worker: _Worker, message: tuple[int, bool | None, Any]) -> None:
         item_id, ok, value = message
         if not worker.inflight or worker.inflight[0].id != item_id:
             return  # a result for an item we already gave up on

@@ -9,13 +9,14 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
 
 from gymserve.testing import ServerProcess
 from tests.integration._trainer_stack import small_stack, wait_registered
-from trainer.client import RolloutClient
+from trainer.client import RolloutClient, run_sync
 from trainer.collect import collect, sibling
 
 AGENT = "exact_match_simple_agent"
@@ -200,3 +201,22 @@ def test_cli_collect_batch_deadline_masks_and_reports_stragglers(stack, tmp_path
     bad = subprocess.run([sys.executable, "-m", "gymserve", "collect", "-i", str(rows_path), "-o", str(out),
                           "--batch-deadline-s", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--batch-deadline-s" in bad.stderr
+
+
+def test_trl_rollout_func_batch_deadline_masks_stragglers(stack):
+    from trainer.trl import make_rollout_func, row_prompt
+
+    head, _ = stack
+    slow = _row("slow", "Paris", script=[{"sleep": 30, "text": "Paris"}])
+    quick = _row("Capital of France?", "Paris")
+    tokenizer = types.SimpleNamespace(eos_token_id=0)  # only used for the masked rollout's prompt ids
+    records: list[dict] = []
+    rollout = make_rollout_func(head.url, tokenizer, rows=[slow, quick], batch_deadline_s=4, retries=0,
+                                on_records=records.extend)
+    try:
+        out = rollout([row_prompt(slow), row_prompt(quick)], None)
+    finally:
+        run_sync(rollout.client.aclose)
+    assert rollout.stats["cut_by_batch_deadline"] == 1
+    assert out["env_reward"][0] is None  # masked, not a reward of 0
+    assert records[0]["failure_kind"] == "timeout" and records[1]["reward"] == 1.0

@@ -284,9 +284,8 @@ class _FairQueue:
 
     def push_front(self, items: list[_Item]) -> None:
         """Items that were already dispatched once go back first, in their order."""
-        if items:
-            self._groups.appendleft(collections.deque(items))
-            self._size += len(items)
+        self._groups.extendleft(reversed(items))
+        self._size += len(items)
 
     def popleft(self) -> _Item:
         group = self._groups.popleft()

@@ -38,7 +38,7 @@ from .errors import UpstreamError
 from .failures import FailureKind
 from .metrics import JudgeMetrics
 from .replies import failed_reply
-from .resource import ResourceConfig
+from .resource import Environment, ResourceConfig
 from .schemas import VerifyReply, VerifyRequest, response_text
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -441,3 +441,29 @@ def question_text(request: VerifyRequest) -> str:
         if message.get("role") == "user":
             return content_text(message.get("content"))
     return ""
+
+
+
+class TemplatedJudgeConfig(JudgeConfig):
+    """Options of an environment whose reward is a judge's verdict: its prompt (each environment sets defaults)."""
+
+    judge_system_message: str | None = Field(None, description="the judge's system message")
+    judge_prompt_template: str = Field(..., description="the judge's user message, with {named} fields")
+
+
+class JudgedEnvironment(Environment):
+    """An environment scored by a judge model: the prompt template is checked when the server is built, the judge
+    (client, cache, rate, metrics) made once at start-up."""
+
+    judge_fields: tuple[str, ...] = ()
+    config: TemplatedJudgeConfig
+    judge: Judge
+    template: PromptTemplate
+
+    def __init__(self, config: TemplatedJudgeConfig) -> None:
+        super().__init__(config)
+        self.template = PromptTemplate(config.judge_prompt_template, config.judge_system_message, fields=self.judge_fields)
+
+    async def startup(self) -> None:
+        await super().startup()
+        self.judge = Judge(self.config, metrics=self.metrics.judges if self.metrics else None)

@@ -13,10 +13,10 @@ from fastapi import FastAPI
 from pydantic import Field, field_validator, model_validator
 
 from services.core.errors import BadRequest
-from services.core.judge import (Judge, JudgeConfig, JudgeFailure, PromptTemplate, equal_in_orders,
-                                 judge_failed_reply, question_text)
+from services.core.judge import (equal_in_orders, judge_failed_reply, JudgedEnvironment, JudgeFailure,
+                                 PromptTemplate, question_text, TemplatedJudgeConfig)
 from services.core.replies import scored_reply
-from services.core.resource import Environment, Session, create_resource_app
+from services.core.resource import Session, create_resource_app
 from services.core.schemas import VerifyReply, VerifyRequest
 
 JUDGE_SYSTEM_MESSAGE = """You grade a candidate answer against a GOLD reference answer to a question.
@@ -29,7 +29,7 @@ JUDGE_PROMPT_TEMPLATE = "QUESTION:\n{question}\n\nGOLD:\n{expected_answer}\n\nCA
 JUDGE_FIELDS = ("question", "expected_answer", "generated_answer")
 
 
-class Config(JudgeConfig):
+class Config(TemplatedJudgeConfig):
     judge_system_message: str | None = Field(JUDGE_SYSTEM_MESSAGE, description="the judge's system message")
     judge_prompt_template: str = Field(JUDGE_PROMPT_TEMPLATE, description="the judge's user message; fields "
                                                                           "{question}, {expected_answer}, "
@@ -92,7 +92,7 @@ def last_match(text: str, pattern: str | None) -> str:
     return last.group(0).strip()
 
 
-class EquivalenceLLMJudge(Environment):
+class EquivalenceLLMJudge(JudgedEnvironment):
     config_model = Config
     request_model = EquivalenceRequest
     reply_model = EquivalenceReply
@@ -102,16 +102,7 @@ class EquivalenceLLMJudge(Environment):
     example_answer = "Darwin"
     description = "Reward 1.0 when a judge model finds the response's answer equivalent to expected_answer."
     config: Config
-    judge: Judge
-    template: PromptTemplate
-
-    def __init__(self, config: Config) -> None:
-        super().__init__(config)
-        self.template = PromptTemplate(config.judge_prompt_template, config.judge_system_message, fields=JUDGE_FIELDS)
-
-    async def startup(self) -> None:
-        await super().startup()
-        self.judge = Judge(self.config, metrics=self.metrics.judges if self.metrics else None)
+    judge_fields = JUDGE_FIELDS
 
     async def verify(self, request: VerifyRequest, session: Session | None) -> VerifyReply:
         expected = request.field("expected_answer")

@@ -18,10 +18,10 @@ from fastapi import FastAPI
 from pydantic import Field, model_validator
 
 from services.core.errors import BadRequest
-from services.core.judge import (Evaluation, Judge, JudgeConfig, JudgeFailure, PromptTemplate, judge_failed_reply,
-                                 label_parser, question_text)
+from services.core.judge import (Evaluation, judge_failed_reply, JudgedEnvironment, JudgeFailure, label_parser,
+                                 PromptTemplate, question_text, TemplatedJudgeConfig)
 from services.core.replies import exception_reply, scored_reply
-from services.core.resource import Environment, Session, create_resource_app
+from services.core.resource import Session, create_resource_app
 from services.core.schemas import VerifyReply, VerifyRequest
 
 A_WINS, B_WINS, TIE = "[[A>B]]", "[[B>A]]", "[[A=B]]"
@@ -37,7 +37,7 @@ JUDGE_FIELDS = ("question", "response_a", "response_b")
 EXAMPLE_JUDGE_REPLY = "Equally good. [[A=B]]"  # what `gymserve check`'s scripted judge answers
 
 
-class Config(JudgeConfig):
+class Config(TemplatedJudgeConfig):
     judge_system_message: str | None = Field(JUDGE_SYSTEM_MESSAGE, description="the judge's system message")
     judge_prompt_template: str = Field(JUDGE_PROMPT_TEMPLATE, description="the judge's user message; fields "
                                                                           "{question}, {response_a}, {response_b}")
@@ -73,7 +73,7 @@ def points(verdict: str) -> tuple[float, float]:
     return {A_WINS: (1.0, 0.0), B_WINS: (0.0, 1.0)}.get(verdict, (0.5, 0.5))
 
 
-class GenRMCompare(Environment):
+class GenRMCompare(JudgedEnvironment):
     config_model = Config
     request_model = CompareRequest
     reply_model = CompareReply
@@ -83,16 +83,7 @@ class GenRMCompare(Environment):
     example_answer = "13"
     description = "A judge model compares responses pairwise (both orders); wins become rewards."
     config: Config
-    judge: Judge
-    template: PromptTemplate
-
-    def __init__(self, config: Config) -> None:
-        super().__init__(config)
-        self.template = PromptTemplate(config.judge_prompt_template, config.judge_system_message, fields=JUDGE_FIELDS)
-
-    async def startup(self) -> None:
-        await super().startup()
-        self.judge = Judge(self.config, metrics=self.metrics.judges if self.metrics else None)
+    judge_fields = JUDGE_FIELDS
 
     async def compare(self, question: str, a: str, b: str) -> Evaluation:
         messages = self.template.messages(question=question, response_a=a, response_b=b)

@@ -15,10 +15,10 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_valid
 
 from services.core.config import describe_validation_error
 from services.core.errors import BadRequest
-from services.core.judge import (Evaluation, Judge, JudgeConfig, JudgeFailure, PromptTemplate, judge_failed_reply,
-                                 question_text, score)
+from services.core.judge import (Evaluation, judge_failed_reply, JudgedEnvironment, JudgeFailure, PromptTemplate,
+                                 question_text, score, TemplatedJudgeConfig)
 from services.core.replies import scored_reply
-from services.core.resource import Environment, Session, create_resource_app
+from services.core.resource import Session, create_resource_app
 from services.core.schemas import VerifyReply, VerifyRequest
 
 JUDGE_SYSTEM_MESSAGE = """You grade an assistant's response to a user's request against a rubric.
@@ -43,7 +43,7 @@ Rubric = str | list[RubricItem]
 _RUBRIC = TypeAdapter(Rubric)
 
 
-class Config(JudgeConfig):
+class Config(TemplatedJudgeConfig):
     rubric: Rubric | None = Field(None, description="the default rubric: text, or a list of "
                                                     "{name, criterion, weight} items; a row's `rubric` wins")
     score_min: int = Field(1, description="the lowest score on the judge's scale")
@@ -86,7 +86,7 @@ class RubricReply(VerifyReply):
     judge_evaluations: list[dict[str, Any]] | None = None
 
 
-class LLMJudge(Environment):
+class LLMJudge(JudgedEnvironment):
     config_model = Config
     request_model = RubricRequest
     reply_model = RubricReply
@@ -96,16 +96,7 @@ class LLMJudge(Environment):
     example_answer = "Air molecules scatter blue light more strongly than red light (Rayleigh scattering)."
     description = "A judge model scores the response against a rubric; the score is normalized to [0, 1]."
     config: Config
-    judge: Judge
-    template: PromptTemplate
-
-    def __init__(self, config: Config) -> None:
-        super().__init__(config)
-        self.template = PromptTemplate(config.judge_prompt_template, config.judge_system_message, fields=JUDGE_FIELDS)
-
-    async def startup(self) -> None:
-        await super().startup()
-        self.judge = Judge(self.config, metrics=self.metrics.judges if self.metrics else None)
+    judge_fields = JUDGE_FIELDS
 
     def rubric(self, request: VerifyRequest) -> Rubric:
         raw = request.field("rubric")

@@ -102,7 +102,8 @@ class Proxy:
                 request.method, url, params=request.query_params.multi_items() or None, headers=headers,
                 data=data, allow_redirects=False, compress=None, chunked=None)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
-            raise UpstreamError(f"server {name!r} at {inst.url} did not answer {request.method} /{path} in time",
+            raise UpstreamError(f"server {name!r} at {inst.url} did not answer {request.method} /{path} "
+                               f"within the {self.timeout.sock_read:g}s read timeout",
                                 kind=FailureKind.TIMEOUT) from None
         except aiohttp.ClientError as exc:
             raise UpstreamError(f"cannot reach server {name!r} at {inst.url}: {type(exc).__name__}: {exc}",

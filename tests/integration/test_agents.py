@@ -11,6 +11,7 @@ through the head are in tests/integration/test_agents_e2e.py.
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import httpx
@@ -154,23 +155,24 @@ def test_unreachable_model_server_is_an_upstream_failure(workplace):
     assert "model" in reply["failure_reason"]
 
 
+@pytest.mark.timeout(60)
 def test_step_deadline_times_out(fast_agent):
     row = scripted({"responses_create_params": {"input": "q"}, "expected_answer": "42"}, [{"sleep": 30}])
-    start = time.monotonic()
     reply = fast_agent.post("/run", row).json()
-    assert time.monotonic() - start < 15
     assert reply["mask_sample"] is True and reply["failure_kind"] == "timeout"
+    assert "model call 1" in reply["failure_reason"] and "the 1.5s deadline" in reply["failure_reason"]
 
 
+@pytest.mark.timeout(60)
 def test_rollout_deadline_times_out(fast_agent):
     tools = [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}]
     script = [{"sleep": 1.0, "tool_calls": [call("lookup")]} for _ in range(10)]
     row = scripted({"responses_create_params": {"input": "q", "tools": tools}, "expected_answer": "42"}, script)
-    start = time.monotonic()
     reply = fast_agent.post("/run", row).json()
-    assert time.monotonic() - start < 15
     assert reply["mask_sample"] is True and reply["failure_kind"] == "timeout"
-    assert "deadline" in reply["failure_reason"], reply["failure_reason"]
+    # the rollout's 4 s ran out: either between calls, or during a call given only what was left of it
+    reason = reply["failure_reason"]
+    assert "rollout deadline of 4.0s exceeded" in reason or re.search(r"the [0-2]\.\d+s deadline", reason), reason
 
 
 def test_run_rejects_bad_rows_with_a_clear_4xx(agent):

@@ -92,14 +92,14 @@ async def test_resume_skips_finished_and_repairs_torn_tail(stack, tmp_path):
     assert metrics["agents"][AGENT]["num_samples"] == 4
 
 
+@pytest.mark.timeout(60)
 async def test_deadline_masks_slow_rollout(stack):
     head, _ = stack
     client = RolloutClient(head.url, deadline_s=1.5, retries=0)
-    started = time.monotonic()
     record = await client.run(_row("slow", "Paris", script=[{"sleep": 20, "text": "Paris"}]))
-    assert time.monotonic() - started < 15
     assert record["mask_sample"] is True and record["reward"] is None
     assert record["failure_kind"] == "timeout"
+    assert "rollout deadline of 1.5s exceeded" in record["failure_reason"], record["failure_reason"]
 
 
 async def test_re_resolves_an_agent_that_moved(stack):

@@ -93,12 +93,10 @@ def test_tag_extraction_matches_reasoning_gym(text):
     assert last_tagged(text) == reference(text)
 
 
+@pytest.mark.timeout(60)  # linear takes well under a second; quadratic would take minutes
 def test_extraction_is_linear_on_adversarial_text():
-    import time
-    start = time.perf_counter()
     for text in ("<answer>" * 25_000, "\\boxed{" * 25_000, "\\boxed{" + "{" * 200_000):
         extract_answer(text)
-    assert time.perf_counter() - start < 20.0  # quadratic would take minutes
 
 
 def test_boxed_with_nested_braces():

@@ -1,0 +1,39 @@
+"""`make demo` end to end: `gymserve.demo.main()` starts the embedded default stack, collects one row per
+environment (reward_model included), prints the reward table and stops the stack."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gymserve import demo
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+
+def table_rows(out: str) -> dict[str, list[str]]:
+    """The printed table's body rows by environment: cells split on the box character."""
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 7 and cells[0] and cells[0] != "environment":
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_demo_collects_and_prints_one_row_per_environment(tmp_path, capsys) -> None:
+    envs = sorted(path.parent.name for path in demo.example_datasets())
+    assert "reward_model" in envs
+    code = demo.main(["--rows", "1", "--max-output-tokens", "16", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert "skipping" not in out and "skipped" not in out
+    rows = table_rows(out)
+    assert sorted(rows) == envs, out[-3000:]
+    for env, (_, rollouts, mean, scored, masked, failures, rate) in rows.items():
+        assert (rollouts, scored, masked, failures) == ("1", "1", "0", "none"), (env, rows[env])
+        record = json.loads((tmp_path / f"{env}.jsonl").read_text())
+        assert isinstance(record["reward"], (int, float)) and record["mask_sample"] is False
+        assert mean == f"{record['reward']:.3f}" and float(rate) >= 0
+    assert "reward_model_score" in json.loads((tmp_path / "reward_model.jsonl").read_text())
+    assert "stack stopped (exit 0)" in out

@@ -1,0 +1,54 @@
+"""The embedded default stack (`gymserve up` with no -c, `make demo`) loads and every server's options check."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gymserve.commands.serve import load_config
+from gymserve.commands.up import DEFAULT_STACK
+from gymserve.launcher import check_kind
+from services.core.config import ConfigError, Stack, load_stack
+from trainer.client import agent_name
+from trainer.jsonl import read_rows
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def check_stack(stack: Stack) -> None:
+    """What `gymserve up` checks before it starts anything, plus each kind's own option model."""
+    for name, spec in stack.servers.items():
+        check_kind(name, spec.kind, "default stack")
+        load_config(spec.kind, [], name=name, spec=spec.options)
+        for ref in ("resources_server", "model_server"):
+            if ref in spec.options:
+                assert spec.options[ref] in stack.servers, f"servers.{name}.{ref}: no such server"
+
+
+def test_default_stack_loads_and_every_option_checks() -> None:
+    stack = load_stack([DEFAULT_STACK])
+    check_stack(stack)
+    assert stack.servers["reward_model"].options == {"model_name": "tiny", "device": "cpu"}
+
+
+def test_every_example_dataset_routes_to_an_agent_of_the_default_stack() -> None:
+    """`make demo` skips an environment whose agent is missing: none may be missing."""
+    stack = load_stack([DEFAULT_STACK])
+    datasets = sorted((REPO / "datasets").glob("*/example.jsonl"))
+    assert "reward_model" in {path.parent.name for path in datasets}
+    for path in datasets:
+        agents = {agent_name(row) for row in read_rows(path)}
+        assert agents and agents <= set(stack.servers), f"{path.parent.name}: {agents - set(stack.servers)}"
+
+
+@pytest.mark.parametrize("override", ["servers.math.timeout_polcy=zero", "servers.reward_model.device=gpu0",
+                                      "servers.math_simple_agent.max_step=3"])
+def test_a_typo_in_the_default_stack_fails_the_check(override: str) -> None:
+    key = override.split("=")[0].rsplit(".", 1)[1]
+    with pytest.raises(ConfigError, match=key.split("_")[0]):
+        check_stack(load_stack([DEFAULT_STACK], [override]))
+
+
+def test_a_missing_kind_fails_the_check() -> None:
+    with pytest.raises(ConfigError, match="resources/mathh"):
+        check_stack(load_stack([DEFAULT_STACK], ["servers.math.kind=resources/mathh"]))

@@ -274,3 +274,20 @@ def test_untouched_tools_reject_bad_arguments_by_name(name, args, needle):
     with pytest.raises(BadRequest, match=needle):
         wp.call(db, name, args)
     assert db.canonical() == before
+
+
+def test_idle_sessions_expire_after_session_ttl_s():
+    """`session_ttl_s`: a session idle longer is dropped (409 naming it); one in use stays alive."""
+    import time
+
+    with ServerProcess("resources/workplace", "session_ttl_s=1.5") as proc:
+        idle = proc.post("/seed_session", {}).json()["session_id"]
+        busy = proc.post("/seed_session", {}).json()["session_id"]
+        assert proc.post("/delete_email", {"email_id": "EM001"}, headers={"X-Session-Id": busy}).status_code == 200
+        for _ in range(6):  # 3 s of use, each call well inside the ttl
+            time.sleep(0.5)
+            assert proc.post("/search_emails", {}, headers={"X-Session-Id": busy}).status_code == 200
+        gone = proc.post("/search_emails", {}, headers={"X-Session-Id": idle})
+        assert gone.status_code == 409 and idle in gone.json()["detail"] and "expired" in gone.json()["detail"]
+        kept = proc.post("/search_emails", {"limit": 50}, headers={"X-Session-Id": busy}).json()
+        assert "EM001" not in {m["email_id"] for m in kept}  # the busy session kept its state

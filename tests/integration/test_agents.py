@@ -287,3 +287,30 @@ def test_agent_config_errors_name_the_option():
     nemo = Config(resources_server={"type": "resources_servers", "name": "math"},
                   model_server={"type": "responses_api_models", "name": "policy_model"})
     assert (nemo.resources_server, nemo.model_server) == ("math", "policy_model")
+
+
+def test_happy_path_with_a_real_model(exact):
+    """The stub replaced by `models/hf` (a tiny model taught the weather conversation): the agent sends the
+    row's conversation, the model's own answer comes back with its token ids, and exact_match scores it 1."""
+    from services.models.hf.tiny import WEATHER_ANSWER, WEATHER_QUESTION, WEATHER_RESULT, WEATHER_TOOLS, \
+        tiny_tool_model
+
+    tools = [{"type": "function", **WEATHER_TOOLS[0]["function"]}]
+    history = [{"role": "user", "content": WEATHER_QUESTION},
+               {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+               {"type": "function_call_output", "call_id": "call_1", "output": WEATHER_RESULT}]
+    with ServerProcess("models/hf", f"model={tiny_tool_model()}", "max_model_len=1024") as model, \
+            ServerProcess("agents/simple_agent", f"resources_url={exact.url}", f"model_url={model.url}",
+                          name="real_model_agent") as real:
+        right = real.post("/run", {"responses_create_params": {"input": history, "tools": tools, "temperature": 0,
+                                                               "max_output_tokens": 32},
+                                   "expected_answer": WEATHER_ANSWER}).json()
+        wrong = real.post("/run", {"responses_create_params": {"input": history, "tools": tools, "temperature": 0,
+                                                               "max_output_tokens": 32},
+                                   "expected_answer": "It is raining in Paris."}).json()
+    assert right["reward"] == 1.0 and right["mask_sample"] is False, right
+    message = items_of(right, "message")[-1]
+    assert message["content"][0]["text"] == WEATHER_ANSWER
+    assert message["generation_token_ids"] and len(message["generation_log_probs"]) == len(
+        message["generation_token_ids"])
+    assert wrong["reward"] == 0.0 and wrong["mask_sample"] is False

@@ -52,3 +52,15 @@ def test_a_typo_in_the_default_stack_fails_the_check(override: str) -> None:
 def test_a_missing_kind_fails_the_check() -> None:
     with pytest.raises(ConfigError, match="resources/mathh"):
         check_stack(load_stack([DEFAULT_STACK], ["servers.math.kind=resources/mathh"]))
+
+
+def test_the_documented_stub_policy_override_replaces_the_policy(tmp_path) -> None:
+    """docs/getting-started.md's `stub_policy.yaml` on top of the default stack passes every check."""
+    text = (REPO / "docs" / "getting-started.md").read_text()
+    block = text.split("# stub_policy.yaml", 1)[1].split("\n", 1)[1].split("```", 1)[0]
+    override = tmp_path / "stub_policy.yaml"
+    override.write_text(block)
+    stack = load_stack([DEFAULT_STACK, override])
+    check_stack(stack)
+    assert stack.servers["policy_model"].kind == "models/stub"
+    assert set(stack.servers["policy_model"].options) == {"text", "script"}

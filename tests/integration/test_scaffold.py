@@ -17,8 +17,9 @@ from gymserve.scaffold import new_env
 from services.core.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-COPIED = ("services", "gymserve", "gateway", "trainer", "datasets", "pyproject.toml", "tests/__init__.py",
-          "tests/integration/__init__.py")
+COPIED = ("services", "gymserve", "gateway", "trainer", "datasets", "docs", "mkdocs.yml", "pyproject.toml",
+          "tests/__init__.py", "tests/integration/__init__.py", "tests/unit/__init__.py", "tests/unit/test_docs.py",
+          "tests/unit/test_default_stack.py", "README.md")
 
 
 def copy_project(dest: Path) -> None:
@@ -54,7 +55,12 @@ def test_new_env_passes_check_and_its_test_then_a_broken_one_fails() -> None:
         made = gymserve(root, "new", "env", "trivia")
         assert made.returncode == 0, made.stderr
         folder = root / "services/resources/trivia"
-        assert {p.name for p in folder.iterdir()} >= {"__init__.py", "app.py", "example.jsonl", "README.md"}
+        assert {p.name for p in folder.iterdir()} >= {"__init__.py", "app.py", "README.md"}
+        assert (root / "datasets/trivia/example.jsonl").is_file()  # where every environment keeps its rows
+        assert (root / "docs/environments/trivia.md").read_text() == '--8<-- "services/resources/trivia/README.md"\n'
+        assert "      - trivia: environments/trivia.md\n" in (root / "mkdocs.yml").read_text()
+        default = yaml.safe_load((root / "gymserve/stacks/default.yaml").read_text())["servers"]
+        assert default["trivia_simple_agent"]["resources_server"] == "trivia"  # make demo shows it
         readme = (folder / "README.md").read_text()
         headings = [line for line in readme.splitlines() if line.startswith("## ")]
         assert headings == ["## Row fields", "## Reward", "## Failure behaviour", "## Options", "## Example",
@@ -71,8 +77,10 @@ def test_new_env_passes_check_and_its_test_then_a_broken_one_fails() -> None:
         assert check.returncode == 0, check.stdout + check.stderr
         assert "checks passed" in check.stdout and "FAIL" not in check.stdout
 
-        own_test = python(root, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_env_trivia.py")
-        assert own_test.returncode == 0, own_test.stdout + own_test.stderr
+        own_test = python(root, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_env_trivia.py",
+                          "tests/unit/test_docs.py", "tests/unit/test_default_stack.py",
+                          "-k", "trivia or not fixed_sections")  # the copy lacks the other environments' tests
+        assert own_test.returncode == 0, own_test.stdout + own_test.stderr  # the docs and stack rules hold too
 
         app = folder / "app.py"
         app.write_text(app.read_text().replace("row = parse_row(request)",
@@ -100,5 +108,6 @@ def test_new_env_refuses_bad_names_existing_envs_and_clashing_stack_entries(tmp_
     with pytest.raises(ConfigError, match="exist already"):
         shutil.rmtree(tmp_path / "services/resources/first")
         (tmp_path / "tests/integration/test_env_first.py").unlink()
+        shutil.rmtree(tmp_path / "datasets/first")
         new_env("first", tmp_path, stack=stack)
     shutil.rmtree(tmp_path)

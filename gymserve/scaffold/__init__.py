@@ -54,7 +54,7 @@ def new_env(name: str, root: Path, *, stack: Path | None = None) -> Scaffolded:
     cls = "".join(part.capitalize() for part in name.split("_")) or "Env"
     rows = [{"responses_create_params": {"input": [{"role": "user", "content": q}]},
              "agent_ref": {"type": "responses_api_agents", "name": f"{name}_simple_agent"},
-             "expected_answer": a} for q, a in templates.EXAMPLE_ROWS]
+             "expected_answer": a, "expected_reward": 1.0} for q, a in templates.EXAMPLE_ROWS]
     data = root / "datasets" / name
     if data.exists():
         raise ConfigError(f"datasets/{name} exists already")

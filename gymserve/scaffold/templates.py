@@ -75,6 +75,7 @@ A response earns reward 1.0 when it contains the row's `expected_answer`, else 0
 | `responses_create_params` | object | the prompt (`input` messages), as in every row |
 | `agent_ref` | object | the agent that runs the row: `{{"type": "responses_api_agents", "name": "{name}_simple_agent"}}` |
 | `expected_answer` | string, required | the text a correct response contains |
+| `expected_reward` | number, optional | the reward `expected_answer` earns: the generated test and `gymserve check` compare it |
 
 The typed model is `Row` in `services/resources/{name}/app.py`; other fields are allowed and echoed back.
 
@@ -135,8 +136,9 @@ def body(row: dict, text: str) -> dict:
 def test_example_rows_reward_the_expected_answer() -> None:
     with TestClient(build(Config(name="{name}", kind="resources/{name}", head_url=None))) as client:
         for row in ROWS:
+            # expected_reward: what the row's expected_answer earns (`gymserve check` compares it too)
             right = client.post("/verify", json=body(row, f"The answer is {{row['expected_answer']}}."))
-            assert right.status_code == 200 and right.json()["reward"] == 1.0
+            assert right.status_code == 200 and right.json()["reward"] == row["expected_reward"]
             wrong = client.post("/verify", json=body(row, "no idea"))
             assert wrong.status_code == 200 and wrong.json()["reward"] == 0.0
 

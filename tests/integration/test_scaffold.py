@@ -1,10 +1,13 @@
-"""`gymserve new env` in a temporary copy of the project: the generated environment passes
-`gymserve check` and its own test as generated, is registered in a stack file, and a broken
-one makes the check exit 1 naming the failed checks. Nothing is left behind."""
+"""`gymserve new env` in a temporary copy of the project, the newcomer's whole path: the generated
+environment passes `gymserve check`, `gymserve up` with the stub policy plus `collect` score its
+rows, its own test and the docs and default-stack rules of `make test` pass; a broken verify and a
+wrong `expected_reward` make the check exit 1 naming the failed check. Nothing is left behind."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -15,6 +18,7 @@ import yaml
 
 from gymserve.scaffold import new_env
 from services.core.config import ConfigError
+from tests.integration.up_helpers import Up
 
 ROOT = Path(__file__).resolve().parents[2]
 COPIED = ("services", "gymserve", "gateway", "trainer", "datasets", "docs", "mkdocs.yml", "pyproject.toml",
@@ -48,6 +52,37 @@ STACK_LOADS = ("from services.core.config import load_stack; from gymserve.launc
                "[check_kind(name, spec.kind, 'stack') for name, spec in stack.servers.items()]")
 
 
+STUB_POLICY = """servers:
+  policy_model:
+    _replace: true
+    kind: models/stub
+    text: "The answer is Paris."
+"""
+
+
+def _up_with_the_stub_and_collect(root: Path) -> None:
+    """The guide's step 4 with the stub policy: `gymserve up` on the generated stack, `collect` the rows."""
+    (root / "stub_policy.yaml").write_text(STUB_POLICY)
+    up = Up("-c", str(root / "deploy/stacks/trivia.yaml"), "-c", str(root / "stub_policy.yaml"), "head.port=0",
+            env={"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}, cwd=root)
+    try:
+        up.wait_for(r"all 4 servers ready", timeout_s=300)
+        head = up.wait_for(r"head on (http://\S+)").group(1)
+        out = root / "runs" / "trivia.jsonl"
+        collected = gymserve(root, "collect", "-i", "datasets/trivia/example.jsonl", "-o", str(out), "--head", head,
+                             "--no-progress")
+        assert collected.returncode == 0, collected.stdout + collected.stderr
+        assert f"head: {head} (from --head)" in collected.stdout
+        rewards = [json.loads(line)["reward"] for line in out.read_text().splitlines()]
+        assert sorted(rewards) == [0.0, 0.0, 1.0]  # the stub says Paris: right for the first row only
+    finally:
+        if up.proc.poll() is None:
+            os.killpg(up.proc.pid, signal.SIGINT)
+            up.wait(60)
+        up.kill()
+
+
+@pytest.mark.slow
 def test_new_env_passes_check_and_its_test_then_a_broken_one_fails() -> None:
     with tempfile.TemporaryDirectory(prefix="gymserve-scaffold-") as tmp:
         root = Path(tmp)
@@ -76,6 +111,8 @@ def test_new_env_passes_check_and_its_test_then_a_broken_one_fails() -> None:
         check = gymserve(root, "check", "resources/trivia")
         assert check.returncode == 0, check.stdout + check.stderr
         assert "checks passed" in check.stdout and "FAIL" not in check.stdout
+
+        _up_with_the_stub_and_collect(root)
 
         own_test = python(root, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_env_trivia.py",
                           "tests/unit/test_docs.py", "tests/unit/test_default_stack.py",

@@ -14,11 +14,12 @@ STACK = Path(__file__).parent / "stacks" / "head_test.yaml"
 
 
 class Up:
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.env.pop("GYMSERVE_HEAD_URL", None)
         self.proc = subprocess.Popen([sys.executable, "-m", "gymserve", "up", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=self.env, text=True, start_new_session=True)
+                                     stderr=subprocess.STDOUT, env=self.env, text=True, start_new_session=True,
+                                     cwd=cwd)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -118,6 +118,9 @@ def test_new_env_passes_check_and_its_test_then_a_broken_one_fails() -> None:
                           "tests/unit/test_docs.py", "tests/unit/test_default_stack.py",
                           "-k", "trivia or not fixed_sections")  # the copy lacks the other environments' tests
         assert own_test.returncode == 0, own_test.stdout + own_test.stderr  # the docs and stack rules hold too
+        docs = python(root, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(root / "site"))
+        assert docs.returncode == 0, docs.stdout + docs.stderr
+        assert (root / "site/environments/trivia/index.html").is_file()
 
         app = folder / "app.py"
         app.write_text(app.read_text().replace("row = parse_row(request)",

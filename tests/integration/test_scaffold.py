@@ -123,13 +123,13 @@ def test_new_env_passes_check_and_its_test_then_a_broken_one_fails() -> None:
         assert (root / "site/environments/trivia/index.html").is_file()
 
         app = folder / "app.py"
-        app.write_text(app.read_text().replace("row = parse_row(request)",
+        app.write_text(app.read_text().replace("row: Row = self.parse_row(request)",
                                                'raise RuntimeError("broken on purpose")'))
         broken = gymserve(root, "check", "resources/trivia")
         assert broken.returncode == 1
         assert "FAIL  verify:" in broken.stderr and "checks failed" in broken.stderr
 
-        app.write_text(app.read_text().replace('raise RuntimeError("broken on purpose")', "row = parse_row(request)"))
+        app.write_text(app.read_text().replace('raise RuntimeError("broken on purpose")', "row: Row = self.parse_row(request)"))
         rows_file = root / "datasets/trivia/example.jsonl"
         rows_file.write_text(rows_file.read_text().replace('"expected_reward": 1.0', '"expected_reward": 0.5', 1))
         wrong_reward = gymserve(root, "check", "resources/trivia")

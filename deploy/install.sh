@@ -12,6 +12,14 @@ if ! command -v bwrap >/dev/null 2>&1; then
     || echo "install: WARNING: could not install bubblewrap; the code sandbox will refuse to start"
 fi
 
+# terminal and swe run commands in bwrap on the host's /usr: they need git, patch and Debian's pytest
+if ! command -v git >/dev/null 2>&1 || ! /usr/bin/python3 -c "import pytest" >/dev/null 2>&1; then
+  echo "install: git or python3-pytest missing; installing them with apt-get (terminal and swe sandboxes)"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo -n"
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git patch python3-pytest >/dev/null \
+    || echo "install: WARNING: could not install git/python3-pytest; terminal and swe will refuse to start"
+fi
+
 # torch's CPU wheel on these machines is built for CPython 3.11; prefer it when present.
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 if [ ! -x "$VENV/bin/python" ]; then

@@ -123,13 +123,13 @@ def build(config: Config) -> FastAPI:
 
     @app.get("/server_instances", **describe(reply=list_of(ServerInstance)))
     async def server_instances() -> list[dict[str, Any]]:
-        return registry.rows()
+        return redact(registry.rows())
 
     @app.get("/server_instances/{name}", **describe(reply=ServerInstance, errors=(404, 422)))
     async def server_instance(name: str) -> dict[str, Any]:
         for row in registry.rows():
             if row["name"] == name:
-                return row
+                return redact(row)
         raise NotFound(f"no server named {name!r} is registered with the head")
 
     @app.get("/global_config_dict_yaml", **describe(

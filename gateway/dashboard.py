@@ -139,6 +139,7 @@ def payload(head: dict[str, Any], rows: list[dict[str, Any]], monitor: HealthMon
             "name": r["name"], "kind": r.get("kind"), "health": r.get("health"),
             "rewards_total": r.get("rewards_total"), "reward_mean": r.get("reward_mean"),
             "masked_total": r.get("failures_total"), "failures_by_kind": r.get("failures_by_kind") or {},
+            "judge": r.get("judge"),
             "histogram": bins_from_buckets(latest.reward_buckets) if latest else [],
         })
     kinds = sorted({k for r in rows for k in (r.get("failures_by_kind") or {})} | set(FAILURE_KINDS),

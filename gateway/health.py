@@ -123,5 +123,6 @@ def traffic_fields(sample: Sample, history: History) -> dict[str, Any]:
         "requests_per_s": _round(recent.requests_per_s, 3) if recent else None,
         **{f"latency_p{q}_ms": _round(recent.latency_ms(q / 100), 2) if recent else None for q in (50, 90, 99)},
         "rewards_total": sample.reward_count,
+        "judge": dict(sample.judge) if sample.judge else None,
         "reward_mean": _round(sample.reward_sum / sample.reward_count, 6) if sample.reward_count else None,
     }

@@ -18,6 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 PROBE_PATHS = frozenset({"/", "/health", "/ready"})
 WINDOW_S = 60.0  # "now" numbers (req/s, percentiles, recent reward mean) cover the last minute
 HISTORY_POINTS = 720  # an hour at the default 5 s sampling
+# A judged environment's judge counters (services/core/judge.py), summed over its judges.
+JUDGE_SERIES = {"gymserve_judge_calls_total": "calls", "gymserve_judge_cache_hits_total": "cache_hits",
+                "gymserve_judge_failures_total": "failures"}
 
 
 @dataclass
@@ -35,6 +38,7 @@ class Sample:
     reward_sum: float = 0.0
     reward_count: float = 0.0
     reward_buckets: dict[float, float] = field(default_factory=dict)
+    judge: dict[str, float] = field(default_factory=dict)  # judge calls, cache hits, failures (all judges)
 
     @property
     def failures_total(self) -> float:
@@ -71,6 +75,9 @@ def parse_sample(text: str, t: float) -> Sample:
             elif name == "gymserve_reward_bucket":
                 le = float(labels["le"])
                 s.reward_buckets[le] = s.reward_buckets.get(le, 0.0) + value
+            elif name in JUDGE_SERIES:
+                key = JUDGE_SERIES[name]
+                s.judge[key] = s.judge.get(key, 0.0) + value
     return s
 
 

@@ -23,6 +23,7 @@ PLACEHOLDER_OPTIONS: dict[str, Any] = {
     "user_model_url": "http://127.0.0.1:9",
     "base_url": "http://127.0.0.1:9/v1",
     "model_name": "placeholder-model",
+    "judge_model_server": "http://127.0.0.1:9",
 }
 
 # Endpoints every server has; documented once instead of under each kind.

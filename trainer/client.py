@@ -18,6 +18,7 @@ import time
 from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
 from services.core.client import ServiceClient
+from services.core.redaction import redact_text
 from services.core.directory import Directory
 from services.core.errors import UpstreamError
 from services.core.failures import FailureKind, as_kind
@@ -42,7 +43,7 @@ def agent_name(row: dict[str, Any]) -> str | None:
 def failure_record(row: dict[str, Any], kind: FailureKind, reason: str) -> dict[str, Any]:
     """The row with the failure marked: masked, no reward (a missing reward is not a 0)."""
     record = dict(row)
-    record.update(reward=None, mask_sample=True, failure_kind=str(kind), failure_reason=reason[:2000])
+    record.update(reward=None, mask_sample=True, failure_kind=str(kind), failure_reason=redact_text(reason)[:2000])
     record.setdefault("policy_version", None)
     return record
 

@@ -13,6 +13,8 @@ REQUIRED_FIELDS: dict[str, list[tuple[str, ...]]] = {
     "mcqa": [("expected_answer",)],
     "instruction_following": [("instruction_id_list",), ("kwargs",)],
     "reasoning_gym": [("reasoning_gym_entry", "metadata")],
+    "terminal": [("check",)],
+    "swe": [("instance_id",), ("repo_snapshot", "image"), ("test_patch",), ("FAIL_TO_PASS",)],
 }
 
 

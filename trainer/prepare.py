@@ -107,11 +107,31 @@ def _read_text(path: str | None) -> str | None:
         raise PrepareError(f"cannot read {path}: {exc}") from None
 
 
+SWE_SYSTEM_PROMPT = ("You fix an issue in the repository in /workspace using the tools. Change the code, not the "
+                     "tests; run the tests with `python3 -m pytest`. Stop when the issue is fixed.")
+
+
+def is_swe_bench_row(row: dict[str, Any]) -> bool:
+    """SWE-bench's row format (SWE-bench, SWE-rebench, SWE-Gym): an issue plus its tests."""
+    return isinstance(row.get("problem_statement"), str) and "FAIL_TO_PASS" in row and "instance_id" in row
+
+
+def swe_bench_prompt(row: dict[str, Any]) -> dict[str, Any]:
+    """The prompt and the workspace tools of the swe environment for a SWE-bench row."""
+    from services.core.sandbox.environment import TOOL_SPECS
+
+    return {"input": [{"role": "system", "content": SWE_SYSTEM_PROMPT},
+                      {"role": "user", "content": row["problem_statement"]}], "tools": TOOL_SPECS}
+
+
 def to_gym_row(raw: dict[str, Any], spec: DatasetSpec, *, system_prompt: str | None,
                template: str | None) -> dict[str, Any]:
     """A NeMo-Gym row from a raw one. Rows that already have `responses_create_params`
-    keep them; plain rows (`input_key`/`output_key`, NeMo RL ResponseDataset style) are mapped."""
+    keep them; SWE-bench rows get the issue as the prompt and the workspace tools; plain rows
+    (`input_key`/`output_key`, NeMo RL ResponseDataset style) are mapped."""
     row = dict(raw)
+    if "responses_create_params" not in row and is_swe_bench_row(row):
+        row["responses_create_params"] = swe_bench_prompt(row)
     if "responses_create_params" not in row and spec.input_key in row:
         content = row.pop(spec.input_key)
         if isinstance(content, list):

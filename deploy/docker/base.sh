@@ -4,13 +4,14 @@
 # The tag is a hash of this recipe, so an unchanged recipe is never rebuilt. Prints the tag.
 #   BASE_IMAGE=...      use that image instead (a site with a registry); nothing is built
 #   DEBIAN_MIRROR=URL   the Debian mirror (default: the host's apt source)
+#   GYMSERVE_BASE_EXTRA=a,b  more Debian packages (another tag: deploy/docker/sandbox.sh uses it)
 set -euo pipefail
 SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 DOCKER=${DOCKER:-docker}
 if [ -n "${BASE_IMAGE:-}" ]; then echo "$BASE_IMAGE"; exit 0; fi
 
 SUITE=bookworm
-PACKAGES=python3,python3-venv,bubblewrap,ca-certificates
+PACKAGES=python3,python3-venv,bubblewrap,ca-certificates${GYMSERVE_BASE_EXTRA:+,$GYMSERVE_BASE_EXTRA}
 
 host_mirror() {
   # The first Debian archive the host's apt uses (deb822 .sources or one-line .list files).

@@ -159,7 +159,9 @@
       stats.textContent = "";
       [["rewards_total", env.rewards_total, "judged"], ["reward_mean", env.reward_mean, "mean reward"],
        ["reward_mean_recent", lastValue(series.reward_mean), "mean, last minute"],
-       ["masked_total", env.masked_total, "masked"]].forEach(function (s) {
+       ["masked_total", env.masked_total, "masked"]].concat(env.judge ? [
+        ["judge.calls", env.judge.calls || 0, "judge calls"], ["judge.cache_hits", env.judge.cache_hits || 0,
+         "judge cache hits"], ["judge.failures", env.judge.failures || 0, "judge failures"]] : []).forEach(function (s) {
         stats.appendChild(el("div", {"class": "stat"}, [valueNode("b", s[0], s[1]), el("span", {text: s[2]})]));
       });
       var bins = env.histogram;

@@ -41,6 +41,8 @@ def load_config(kind: str, overrides: list[str], *, name: str | None = None, hos
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from services.core.serving import guarded_protocol
+
     stray = [a for a in getattr(args, "extra", []) if "=" not in a or a.startswith("-")]
     if stray:
         raise ConfigError(f"unrecognized arguments: {' '.join(stray)}")
@@ -51,5 +53,5 @@ def run(args: argparse.Namespace) -> int:
     app = module.build(config)
     logging.getLogger("gymserve").info("%s (%s) listening on %s", config.name, args.kind, config.url)
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=False,
-                timeout_graceful_shutdown=10, timeout_keep_alive=30)
+                timeout_graceful_shutdown=10, timeout_keep_alive=30, http=guarded_protocol(config.header_timeout_s))
     return 0

@@ -8,7 +8,8 @@ import yaml
 
 from gymserve.testing import ServerProcess
 from services.core.config import ConfigError
-from services.core.loader import available_kinds
+from services.core.judge import JudgeConfig
+from services.core.loader import available_kinds, load_server
 
 from . import generic
 from .probe import Probe
@@ -93,9 +94,15 @@ def _check_resources(report: Report, pool: Servers, kind: str, options: list[str
     source, rows = example_rows(env_name, ROW_LIMIT)
     with report.check("example rows: the environment ships example rows"):
         expect(rows, "none in " + " or ".join(str(p) for p in example_files(env_name)))
+    helpers = []
+    judge_reply = _scripted_judge_reply(kind, options)
+    if judge_reply is not None:  # a judged environment with no judge given: a scripted one stands in
+        judge = pool.process("models/stub", spec={"text": judge_reply})
+        options = [f"judge_model_server={judge.url}", *options]
+        helpers.append(judge)
     env = pool.process(kind, *options)
     stub, agent = _stub_and_agent(pool, env, rows[0] if rows else {})
-    pool.start(env, stub, agent)
+    pool.start(*helpers, env, stub, agent)
     probe, agent_probe = Probe(env.url, pool.key), Probe(agent.url, pool.key)
     try:
         _generic(report, probe, "resources")
@@ -106,6 +113,15 @@ def _check_resources(report: Report, pool: Servers, kind: str, options: list[str
     finally:
         probe.close()
         agent_probe.close()
+
+
+def _scripted_judge_reply(kind: str, options: list[str]) -> str | None:
+    """What a scripted judge answers for `kind` (its module's EXAMPLE_JUDGE_REPLY, or an equal verdict),
+    or None when `kind` calls no judge or the options name one."""
+    module = load_server(kind)
+    if not issubclass(module.Config, JudgeConfig) or any(o.startswith("judge_model_server=") for o in options):
+        return None
+    return str(getattr(module, "EXAMPLE_JUDGE_REPLY", "My final verdict is [[A=B]]"))
 
 
 def _check_rows(report: Report, probe: Probe, rows: list[dict[str, Any]], source: str) -> None:

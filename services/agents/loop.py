@@ -25,6 +25,7 @@ from services.core.directory import Directory
 from services.core.errors import BadRequest, GymError, UpstreamError
 from services.core.failures import FailureKind
 from services.core.replies import failed_reply
+from services.core.redaction import redact_text
 from services.core.resource import CLOSE_SESSION_HEADER
 from services.core.schemas import DatasetRow
 
@@ -46,6 +47,9 @@ class AgentConfig(ServerConfig):
     model_url: str | None = Field(None, description="explicit model server URL (overrides the name)")
     max_steps: int = Field(10, ge=1, description="most model calls per assistant turn")
     max_total_tokens: int | None = Field(None, gt=0, description="token budget of the whole conversation")
+    max_tool_calls: int | None = Field(None, gt=0, description="tool calls of the whole rollout (long coding sessions)")
+    mask_on_budget: bool = Field(False, description="a rollout that exhausts max_steps, max_tool_calls or "
+                                                    "max_total_tokens is masked (failure_kind timeout), not scored")
     step_deadline_s: float = Field(300.0, gt=0, description="deadline of one model or tool call")
     rollout_deadline_s: float = Field(900.0, gt=0, description="deadline of the whole rollout, verify included")
     verify_deadline_s: float = Field(120.0, gt=0, description="deadline of the /verify call")
@@ -177,6 +181,18 @@ def user_message(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
 
+def is_terminal(response: Any) -> bool:
+    """A tool reply that ends the episode: a JSON object with `terminated` (the code environment's
+    `terminate_on_evaluation`), `terminate` or `done` set to true."""
+    if "json" not in response.headers.get("content-type", ""):
+        return False
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and any(body.get(key) is True for key in ("terminated", "terminate", "done"))
+
+
 def message_text(item: dict[str, Any]) -> str:
     return content_text(item.get("content"))
 
@@ -244,6 +260,8 @@ class Rollout:
         self.context_tokens = 0
         self.last_response: dict[str, Any] = {}
         self.stop_reason = "completed"
+        self.tool_calls = 0
+        self.terminated = False  # a tool replied that the episode is over
         self.session_id = uuid.uuid4().hex
         self.session_closed = False
         self.deadline = time.monotonic() + self.config.rollout_deadline_s
@@ -319,15 +337,27 @@ class Rollout:
         """Model calls and tool calls until a final assistant message; True when the rollout must stop."""
         for _ in range(self.config.max_steps):
             if self.budget_left() <= 0:
-                self.stop_reason = "max_total_tokens"
-                return True
+                return self.exhausted("max_total_tokens", f"token budget of {self.config.max_total_tokens}")
             output = await self.call_model()
             calls = [item for item in output if item.get("type") == "function_call"]
             if not calls:
                 return False
             for call in calls:
+                if self.config.max_tool_calls is not None and self.tool_calls >= self.config.max_tool_calls:
+                    return self.exhausted("max_tool_calls", f"tool-call budget of {self.config.max_tool_calls}")
+                self.tool_calls += 1
                 self.items.append(await self.call_tool(call))
-        self.stop_reason = "max_steps"
+                if self.terminated:
+                    self.stop_reason = "terminated"
+                    return True
+        return self.exhausted("max_steps", f"step budget of {self.config.max_steps} model calls")
+
+    def exhausted(self, reason: str, what: str) -> bool:
+        """A budget ran out: stop and score what was done, or (mask_on_budget) mask the rollout."""
+        if self.config.mask_on_budget:
+            raise RolloutFailure(FailureKind.TIMEOUT, f"{what} exhausted after {self.num_turns} model calls "
+                                                      f"and {self.tool_calls} tool calls")
+        self.stop_reason = reason
         return True
 
     def budget_left(self) -> float:
@@ -426,6 +456,7 @@ class Rollout:
             return output(f"Error: {error_message(response)}")
         if response.status_code >= 300:
             raise RolloutFailure(FailureKind.UPSTREAM, f"{what} answered {response.status_code}: {error_message(response)}")
+        self.terminated = is_terminal(response)
         return output(response.text)
 
     # ---- results ---------------------------------------------------------- #
@@ -437,11 +468,11 @@ class Rollout:
             "object": "response",
             "created_at": last.get("created_at") or time.time(),
             "model": last.get("model") or self.params.get("model") or self.config.model,
-            "status": "completed" if self.stop_reason == "completed" else "incomplete",
+            "status": "completed" if self.stop_reason in ("completed", "terminated") else "incomplete",
             "output": self.items,
             "usage": dict(self.usage),
         }
-        if self.stop_reason != "completed":
+        if response["status"] != "completed":
             response["incomplete_details"] = {"reason": self.stop_reason}
         return response
 
@@ -475,6 +506,7 @@ class Rollout:
         try:
             reply = failed_reply(base, kind, reason).dump()
         except ValueError:  # a row field that clashes with the reply's (e.g. a non-numeric "reward")
-            reply = {**base, "reward": 0.0, "mask_sample": True, "failure_kind": kind, "failure_reason": reason}
+            reply = {**base, "reward": 0.0, "mask_sample": True, "failure_kind": kind,
+                     "failure_reason": redact_text(reason)}
         reply.update(self.extras())
         return reply

@@ -21,8 +21,8 @@ from .config import ServerConfig
 from .errors import BadRequest, GymError, error_body
 from .metrics import Metrics
 from .middleware import (REQUEST_ID_HEADER, AdmissionControl, AuthMiddleware, BodyLimitMiddleware,
-                         ErrorReplyMiddleware, MetricsMiddleware, RequestIdMiddleware, admission_options,
-                         request_id_of)
+                         ErrorReplyMiddleware, InputGuardMiddleware, MetricsMiddleware, RequestIdMiddleware,
+                         admission_options, request_id_of)
 from .openapi import HEALTH_DOC, READY_DOC, install
 from .text import reject_lone_surrogates
 
@@ -118,7 +118,8 @@ def create_app(
 
     # Outermost first. Adding a concern is one line here; order matters: the request id wraps
     # everything, metrics count every reply (401/413/500 included), error replies catch what the
-    # layers inside them raise, and the body limit answers its own overflow.
+    # layers inside them raise, the body limit answers its own overflow, and the input guard (inside it,
+    # so its buffering is bounded) answers a slow body or a depth bomb before any handler parses it.
     middleware = [
         Middleware(RequestIdMiddleware),
         Middleware(MetricsMiddleware, metrics=metrics),
@@ -126,6 +127,7 @@ def create_app(
         Middleware(AuthMiddleware),
         Middleware(AdmissionControl, **admission_options(config)),  # after auth: strangers take no queue slot
         Middleware(BodyLimitMiddleware, max_body_bytes=config.max_body_bytes),
+        Middleware(InputGuardMiddleware, body_timeout_s=config.body_timeout_s, max_json_depth=config.max_json_depth),
     ]
     app = FastAPI(title=f"gymserve {config.kind or 'server'}: {config.name}", description=description,
                   lifespan=lifespan, middleware=middleware)

@@ -13,8 +13,9 @@ from typing import Any, Iterable
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .redaction import is_secret_name, redact  # noqa: F401  (redact: re-exported for callers)
+
 DEFAULT_HEAD_PORT = 11000
-SECRET_PATTERN = re.compile(r"key|token|secret|password", re.IGNORECASE)
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -46,6 +47,9 @@ class ServerConfig(BaseModel):
     port: int = Field(0, ge=0, le=65535)
     head_url: str | None = Field(default_factory=lambda: os.environ.get("GYMSERVE_HEAD_URL") or None)
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="larger request bodies get 413")
+    max_json_depth: int = Field(64, gt=0, description="JSON bodies nested deeper get 400")
+    header_timeout_s: float = Field(10.0, gt=0, description="a request's headers must arrive within this (else 408)")
+    body_timeout_s: float = Field(60.0, gt=0, description="a request's body must arrive within this (else 408)")
     heartbeat_s: float = Field(5.0, gt=0)
     max_concurrent_requests: int = Field(256, gt=0, description="requests whose handlers run at once; "
                                                                "more wait in arrival order")
@@ -143,7 +147,7 @@ def resolve_secret_files(options: dict[str, Any], *, where: str = "config") -> d
     """`api_key_file: PATH` becomes `api_key: <file contents>` for secret-named keys."""
     out = dict(options)
     for key in list(out):
-        if key.endswith("_file") and SECRET_PATTERN.search(key[: -len("_file")]) and out[key]:
+        if key.endswith("_file") and is_secret_name(key[: -len("_file")]) and out[key]:
             target = key[: -len("_file")]
             try:
                 out[target] = Path(str(out[key])).expanduser().read_text().strip()
@@ -196,18 +200,6 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
         else:
             node[path[-1]] = value
     return data
-
-
-def redact(value: Any) -> Any:
-    """Copy of a config with every secret-named key's value replaced by `***`."""
-    if isinstance(value, dict):
-        return {
-            k: ("***" if SECRET_PATTERN.search(str(k)) and v not in (None, "") else redact(v))
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value
 
 
 # --------------------------------------------------------------------------- #

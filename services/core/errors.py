@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .failures import FailureKind
+from .redaction import redact, redact_text
 
 
 class GymError(Exception):
@@ -35,6 +36,16 @@ class Conflict(GymError):
     error_type = "conflict"
 
 
+class PayloadTooLarge(GymError):
+    status_code = 413
+    error_type = "payload_too_large"
+
+
+class TooManyRequests(GymError):
+    status_code = 429
+    error_type = "too_many_requests"
+
+
 class Unavailable(GymError):
     status_code = 503
     error_type = "unavailable"
@@ -55,9 +66,11 @@ class UpstreamError(GymError):
 
 
 def error_body(message: str, error_type: str, request_id: str | None = None, **details: Any) -> dict[str, Any]:
-    """One shape for every error reply: `detail` (FastAPI-compatible) and a structured `error`."""
+    """One shape for every error reply: `detail` (FastAPI-compatible) and a structured `error`; secrets
+    echoed in a message (a URL with a password, a bearer token) are masked here, for every server."""
+    message = redact_text(message)
     error: dict[str, Any] = {"type": error_type, "message": message}
     if request_id:
         error["request_id"] = request_id
-    error.update(details)
+    error.update(redact(details))
     return {"detail": message, "error": error}

@@ -40,6 +40,15 @@ class Metrics:
         self.info = Gauge("gymserve_server_info", "Server identity", list(labels), registry=self.registry)
         self.info.labels(**labels).set(1)
 
+        self._judges: JudgeMetrics | None = None
+
+    @property
+    def judges(self) -> "JudgeMetrics":
+        """Per-judge series, registered on first use (only servers that call a judge show them)."""
+        if self._judges is None:
+            self._judges = JudgeMetrics(self.registry)
+        return self._judges
+
     def failure(self, kind: str | None, count: int = 1) -> None:
         if kind:
             self.failures.labels(kind=kind).inc(count)
@@ -50,6 +59,22 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class JudgeMetrics:
+    """Calls to judge models, labelled by judge (its instance name or URL)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.calls = Counter("gymserve_judge_calls", "Judge model calls by outcome (ok or a failure kind)",
+                             ["judge", "outcome"], registry=registry)
+        self.latency = Histogram("gymserve_judge_latency_seconds", "Judge call latency, retries included", ["judge"],
+                                 buckets=_LATENCY_BUCKETS, registry=registry)
+        self.cache_hits = Counter("gymserve_judge_cache_hits", "Judge questions answered from the cache", ["judge"],
+                                  registry=registry)
+        self.verdicts = Counter("gymserve_judge_verdicts", "Judge verdicts by label", ["judge", "verdict"],
+                                registry=registry)
+        self.failures = Counter("gymserve_judge_failures", "Judge questions without a verdict, by reason",
+                                ["judge", "reason"], registry=registry)
 
 
 Bin = dict[str, "float | int | None"]

@@ -39,19 +39,21 @@ class ErrorReply(BaseModel):
 
 
 ERRORS: dict[int, str] = {
-    400: "Malformed JSON, or a body or field the endpoint cannot accept; the message names the field.",
+    400: "Malformed JSON, JSON nested deeper than max_json_depth, or a body or field the endpoint cannot accept "
+         "(a wrong type anywhere in a Responses object included); the message names the field.",
     401: "GYMSERVE_API_KEY is set and the request has no valid `Authorization: Bearer` header.",
     404: "No such resource (e.g. an unknown server name on the head).",
-    409: "Unknown, closed or expired session: seed a new one.",
-    413: "The request body exceeds the server's max_body_bytes.",
+    408: "The request's headers or body did not arrive within header_timeout_s / body_timeout_s (a slow client).",
+    409: "Unknown, closed or expired session (seed a new one), or a session another caller holds.",
+    413: "The request body exceeds the server's max_body_bytes (or a prompt models/hf's max_prompt_chars).",
     422: "A typed parameter failed validation; the message names it.",
-    429: "Too many requests: retry later.",
+    429: "Too many requests, or max_sessions open sessions: retry later.",
     502: "Another server this call depends on failed or answered something unusable.",
     503: "Not ready yet, or overloaded: retry later.",
     504: "A call this request depends on ran out of time.",
 }
 # What any endpoint can answer whatever it does.
-COMMON_ERRORS = (400, 401, 413)
+COMMON_ERRORS = (400, 401, 408, 413)
 SESSION_HEADER = {"name": "X-Session-Id", "in": "header", "required": False, "schema": {"type": "string"},
                   "description": "Session id from /seed_session (the gymserve_session cookie works too)."}
 

@@ -15,6 +15,7 @@ from typing import Any, Mapping, TypeVar, cast
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .failures import FailureKind, failure_of
+from .redaction import redact_text
 from .schemas import VerifyReply, VerifyRequest
 
 R = TypeVar("R", bound=VerifyReply)
@@ -59,7 +60,8 @@ def scored_reply(request: VerifyRequest, reward: float | None = None, *,
                                "failure_kind": None, "failure_reason": None}
     if failure is not None:
         kind, reason, mask = failure
-        verdict.update(mask_sample=bool(mask), failure_kind=FailureKind(kind), failure_reason=reason[:MAX_REASON_CHARS])
+        verdict.update(mask_sample=bool(mask), failure_kind=FailureKind(kind),
+                       failure_reason=redact_text(reason)[:MAX_REASON_CHARS])
     echoed = _echo(request)
     if isinstance(request, BaseModel):
         # the request was validated already: no second validation pass on the hot path
@@ -98,7 +100,7 @@ def failed_reply(request: VerifyRequest | Mapping[str, Any], kind: FailureKind |
     """A request that could not be judged: reward 0, masked, with the kind and reason (a kind outside
     the vocabulary is a ValueError: a bug in the caller)."""
     verdict = {"reward": 0.0, "reward_components": None, "mask_sample": mask, "failure_kind": FailureKind(kind),
-               "failure_reason": reason[:MAX_REASON_CHARS]}
+               "failure_reason": redact_text(reason)[:MAX_REASON_CHARS]}
     echoed = _echo(request)
     if isinstance(request, BaseModel):
         return cast(R, model.model_construct(**{**echoed, **fields, **verdict}))

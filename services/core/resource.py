@@ -8,10 +8,12 @@ turns it into a server with `/seed_session`, `/verify`, `/verify/batch`,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
+import secrets
 import time
-import uuid
+from collections import OrderedDict
 from typing import Any, Awaitable, Callable, ClassVar
 
 from fastapi import FastAPI, Request
@@ -20,8 +22,9 @@ from pydantic import Field, ValidationError
 
 from .app import SESSION_COOKIE, create_app, read_json, session_id
 from .config import ServerConfig, describe_validation_error
-from .errors import BadRequest, Conflict, GymError
+from .errors import BadRequest, Conflict, GymError, TooManyRequests
 from .failures import FailureKind
+from .metrics import Metrics
 from .metrics_agg import aggregate_metrics
 from .openapi import SESSION_HEADER, describe, list_of
 from .pool import TaskError, WorkerFailure, WorkerPool
@@ -48,18 +51,31 @@ class ResourceConfig(ServerConfig):
     verify_deadline_s: float = Field(10.0, gt=0, description="hard deadline of one check in a worker")
     max_queue: int = Field(4096, gt=0, description="bounded queue of pending checks (backpressure)")
     use_pool: bool = Field(True, description="start the worker pool (environments that need it)")
-    session_ttl_s: float = Field(3600.0, gt=0, description="idle sessions are dropped after this")
+    session_ttl_s: float = Field(600.0, gt=0, description="idle sessions are dropped (and their resources freed) "
+                                                          "after this")
+    max_sessions: int = Field(1024, gt=0, description="open sessions; a /seed_session beyond gets 429")
     max_batch_items: int = Field(4096, gt=0, description="largest /verify/batch accepted")
 
 
 class Session:
-    """Per-session state of a stateful environment."""
+    """Per-session state of a stateful environment.
 
-    def __init__(self, session_id: str, data: dict[str, Any]) -> None:
+    `id` is issued by the server (unguessable) and is the caller's proof of ownership: only a caller
+    that was given it can use, verify against or close the session. `external_id` is the
+    `resources_session_id` a NeMo-Gym Environment Server named the session with, if any.
+    """
+
+    def __init__(self, session_id: str, data: dict[str, Any], external_id: str | None = None) -> None:
         self.id = session_id
         self.data = data
+        self.external_id = external_id
         self.touched = time.monotonic()
         self.lock = asyncio.Lock()
+
+
+def new_session_id() -> str:
+    """A session id no caller can guess or choose (192 random bits)."""
+    return secrets.token_urlsafe(24)
 
 
 class Environment:
@@ -80,6 +96,11 @@ class Environment:
         self.config = config
         self.pool: WorkerPool | None = None
         self.sessions: dict[str, Session] = {}
+        # NeMo-Gym's caller-named sessions: resources_session_id -> our id, and the names closed
+        # recently (a seed after its close must not recreate the session), oldest first.
+        self.external: dict[str, str] = {}
+        self.closed_external: OrderedDict[str, float] = OrderedDict()
+        self.metrics: Metrics | None = None  # the server's metrics, set when the app is built
 
     # ---- hooks an environment may override -------------------------------- #
     async def startup(self) -> None:
@@ -176,17 +197,48 @@ class Environment:
         return found
 
     def _expire_sessions(self) -> None:
-        cutoff = time.monotonic() - self.config.session_ttl_s
+        now = time.monotonic()
+        cutoff = now - self.config.session_ttl_s
         for sid in [s for s, sess in self.sessions.items() if sess.touched < cutoff]:
-            sess = self.sessions.pop(sid)
-            asyncio.get_running_loop().create_task(self.release(sess))
+            sess = self._forget(sid)
+            if sess is not None:
+                asyncio.get_running_loop().create_task(self.release(sess))
+        while self.closed_external and (next(iter(self.closed_external.values())) < cutoff
+                                        or len(self.closed_external) > 4 * self.config.max_sessions):
+            self.closed_external.popitem(last=False)
+
+    def _forget(self, sid: str) -> Session | None:
+        sess = self.sessions.pop(sid, None)
+        if sess is not None and sess.external_id is not None:
+            self.external.pop(sess.external_id, None)
+            self.closed_external[sess.external_id] = time.monotonic()
+        return sess
+
+    def open_session(self, external_id: str | None = None) -> Session:
+        """A new session under a fresh server-issued id; 429 when `max_sessions` are open."""
+        self._expire_sessions()
+        if len(self.sessions) >= self.config.max_sessions:
+            raise TooManyRequests(f"too many open sessions (max_sessions={self.config.max_sessions}); close finished "
+                                  f"ones with /close_session or wait for idle ones to expire "
+                                  f"(session_ttl_s={self.config.session_ttl_s:g})")
+        sess = Session(new_session_id(), {}, external_id)
+        self.sessions[sess.id] = sess
+        if external_id is not None:
+            self.external[external_id] = sess.id
+        return sess
 
     async def close_session(self, sid: str) -> bool:
-        sess = self.sessions.pop(sid, None)
+        sess = self._forget(sid)
         if sess is None:
             return False
         await self.release(sess)
         return True
+
+    async def sweep_sessions(self) -> None:
+        """Expire idle sessions even when no request comes (frees interpreters and memory)."""
+        while True:
+            await asyncio.sleep(min(30.0, self.config.session_ttl_s / 4))
+            self._expire_sessions()
 
     def tool_parameters(self, name: str, fn: ToolFn) -> dict[str, Any]:
         """JSON schema of a tool's arguments (the request body of `POST /name`): from its signature
@@ -212,13 +264,32 @@ def _parse_verify(body: Any, where: str = "body") -> VerifyRequest:
         raise BadRequest(f"{where}: {describe_validation_error(exc)}") from None
 
 
+def _external_id(body: dict[str, Any]) -> str:
+    name = body.get("resources_session_id")
+    if not isinstance(name, str) or not name:
+        raise BadRequest("resources_session_id: expected a non-empty string")
+    return name
+
+
 def create_resource_app(env: Environment) -> FastAPI:
     """A resource server for `env`."""
     config = env.config
-    app = create_app(config, on_startup=[env.startup], on_shutdown=[env.shutdown], readiness=env.ready,
-                     description=env.description, ready_details=env.ready_details)
+    sweeper: list[asyncio.Task[None]] = []
+
+    async def start_sweeper() -> None:
+        sweeper.append(asyncio.get_running_loop().create_task(env.sweep_sessions()))
+
+    async def stop_sweeper() -> None:
+        for task in sweeper:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app = create_app(config, on_startup=[env.startup, start_sweeper], on_shutdown=[env.shutdown, stop_sweeper],
+                     readiness=env.ready, description=env.description, ready_details=env.ready_details)
     metrics = app.state.metrics
     app.state.env = env
+    env.metrics = metrics
 
     def count(reply: VerifyReply) -> VerifyReply:
         """Every verify reply passes here: conformed to the environment's reply model; masked ones
@@ -233,26 +304,53 @@ def create_resource_app(env: Environment) -> FastAPI:
 
     @app.post("/seed_session", **describe(
         body={"type": "object", "description": "the dataset row; its task fields seed the session"},
-        body_required=False, reply=SeedSessionReply, errors=(409, 503),
+        body_required=False, reply=SeedSessionReply, errors=(409, 429, 503),
         summary="Start a session for a row (stateful environments)",
         examples={"example": env.example_row} if env.example_row else None))
     async def seed_session(request: Request) -> JSONResponse:
         body = await read_json(request, allow_empty=True)
         if body is not None and not isinstance(body, dict):
             raise BadRequest("body: expected a JSON object (the dataset row)")
-        sid = session_id(request) or uuid.uuid4().hex
-        if sid in env.sessions:
-            await env.close_session(sid)
-        sess = Session(sid, {})
-        env.sessions[sid] = sess
+        if isinstance(body, dict) and "resources_session_id" in body:
+            return await _seed_named(request, body)
+        # The id is always issued here: a caller cannot choose one, nor reset another caller's session.
+        sess = env.open_session()
+        extra = await _seed(sess, body or {})
+        return _with_session(JSONResponse({"session_id": sess.id, **(extra or {})}), sess)
+
+    async def _seed(sess: Session, row: dict[str, Any]) -> dict[str, Any]:
         try:
-            extra = await env.seed(sess, body or {})
-        except Exception:
-            env.sessions.pop(sid, None)
+            return await env.seed(sess, row)
+        except Exception:  # never opened: the caller may seed the same name again with a fixed row
+            env.sessions.pop(sess.id, None)
+            if sess.external_id is not None:
+                env.external.pop(sess.external_id, None)
+            await env.release(sess)
             raise
-        response = JSONResponse({"session_id": sid, **(extra or {})})
-        response.set_cookie(SESSION_COOKIE, sid, httponly=True, samesite="lax")
-        response.headers["X-Session-Id"] = sid
+
+    async def _seed_named(request: Request, body: dict[str, Any]) -> JSONResponse:
+        """NeMo-Gym's Environment-Server seed: the caller names the session (`resources_session_id`); a repeated
+        seed by the same caller returns it, a seed after its close is refused, another caller gets 409."""
+        name = _external_id(body)
+        env.session(None, required=False)  # expire idle sessions first
+        if name in env.closed_external:
+            raise Conflict(f"resources_session_id: session {name!r} was closed; seed a new one")
+        existing = env.external.get(name)
+        if existing is not None:
+            if session_id(request) != existing:
+                raise Conflict(f"resources_session_id: session {name!r} belongs to another caller")
+            sess = env.sessions[existing]
+        else:
+            task_data = body.get("task_data", {})
+            if not isinstance(task_data, dict):
+                raise BadRequest("task_data: expected a JSON object (the dataset row)")
+            sess = env.open_session(name)
+            await _seed(sess, task_data)
+        return _with_session(JSONResponse({"resources_session_id": name}), sess)
+
+    def _with_session(response: JSONResponse, sess: Session) -> JSONResponse:
+        response.set_cookie(SESSION_COOKIE, sess.id, httponly=True, samesite="lax")
+        response.headers["X-Session-Id"] = sess.id
         return response
 
     @app.post("/verify", **describe(
@@ -308,15 +406,31 @@ def create_resource_app(env: Environment) -> FastAPI:
         return env.aggregate(await read_json(request))
 
     @app.post("/close_session", **describe(body=CloseSessionRequest, body_required=False, reply=CloseSessionReply,
-                                           parameters=[SESSION_HEADER], summary="Free a session"))
+                                           errors=(409,), parameters=[SESSION_HEADER], summary="Free a session"))
     async def close_session(request: Request) -> dict[str, Any]:
         body = await read_json(request, allow_empty=True)
+        if isinstance(body, dict) and "resources_session_id" in body:
+            return await _close_named(request, body)
         sid = session_id(request) or (body.get("session_id") if isinstance(body, dict) else None)
         if not sid:
             raise BadRequest("no session id to close (X-Session-Id header, cookie, or body.session_id)")
         if not isinstance(sid, str):
             raise BadRequest(f"session_id: expected a string, got {type(sid).__name__}")
         return {"session_id": sid, "closed": await env.close_session(sid)}
+
+    async def _close_named(request: Request, body: dict[str, Any]) -> dict[str, Any]:
+        """NeMo-Gym's close: idempotent, succeeds for a name never seeded, and keeps a later seed of that
+        name from recreating it; only the caller holding the session may close an open one."""
+        name = _external_id(body)
+        existing = env.external.get(name)
+        if existing is not None and session_id(request) != existing:
+            raise Conflict(f"resources_session_id: session {name!r} belongs to another caller")
+        if existing is not None:
+            await env.close_session(existing)
+        env.closed_external[name] = time.monotonic()
+        env.closed_external.move_to_end(name)
+        env.session(None, required=False)  # bound the closed names
+        return {"resources_session_id": name}
 
     for name, fn in env.tools().items():
         _add_tool_route(app, env, name, fn)

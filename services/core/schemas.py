@@ -8,12 +8,20 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Iterable, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, ValidationInfo, field_validator,
+                      model_validator)
 
-from .content import content_text
+from .content import content_problem, content_text, item_problem
 from .failures import FAILURE_KINDS, FailureKind  # noqa: F401  (re-exported: part of the wire contract)
+
+
+def _raise_first(problems: Iterable[str | None]) -> None:
+    """A validation error naming the first badly typed part (its path inside the field), if any."""
+    for problem in problems:
+        if problem:
+            raise ValueError(problem)
 
 
 class WireModel(BaseModel):
@@ -43,6 +51,13 @@ class ResponsesCreateParams(WireModel):
     top_p: float | None = None
     max_output_tokens: int | None = None
     instructions: str | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _typed_items(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            _raise_first(item_problem(item, f"input[{i}]") for i, item in enumerate(value))
+        return value
 
     def input_messages(self) -> list[dict[str, Any]]:
         if isinstance(self.input, str):
@@ -81,6 +96,12 @@ class MessageItem(TrainingTokens):
     status: str | None = "completed"
     content: Union[str, list[dict[str, Any]]] = Field(default_factory=list)
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _typed_parts(cls, value: Any) -> Any:
+        _raise_first([content_problem(value, "content")])
+        return value
+
     def text(self) -> str:
         return content_text(self.content)
 
@@ -105,6 +126,12 @@ class ReasoningItem(TrainingTokens):
     id: str = Field(default_factory=lambda: f"rs_{uuid.uuid4().hex[:24]}")
     summary: list[dict[str, Any]] = Field(default_factory=list)
     content: list[dict[str, Any]] | None = None
+
+    @field_validator("summary", "content", mode="before")
+    @classmethod
+    def _typed_parts(cls, value: Any, info: ValidationInfo) -> Any:
+        _raise_first([content_problem(value, str(info.field_name))])
+        return value
 
 
 class OtherItem(WireModel):
@@ -219,19 +246,23 @@ class VerifyReply(VerifyRequest):
 # Session and metrics endpoints of a resource server
 # --------------------------------------------------------------------------- #
 class SeedSessionReply(WireModel):
-    """`POST /seed_session` reply: the session id (also set as cookie and X-Session-Id header) plus what
-    the environment reports about the new session."""
+    """`POST /seed_session` reply: the server-issued session id (also set as cookie and X-Session-Id header) plus
+    what the environment reports about the new session. A NeMo-Gym Environment-Server seed (one naming
+    `resources_session_id`) is answered with that name only; its session id travels in the header and cookie."""
 
-    session_id: str
+    session_id: str | None = Field(None, description="the session's id, issued by the server")
+    resources_session_id: str | None = Field(None, description="the caller's name for the session (NeMo-Gym)")
 
 
 class CloseSessionRequest(WireModel):
     session_id: str | None = Field(None, description="when neither the X-Session-Id header nor the cookie is sent")
+    resources_session_id: str | None = Field(None, description="close by the caller's name for the session (NeMo-Gym)")
 
 
 class CloseSessionReply(WireModel):
-    session_id: str
-    closed: bool = Field(description="false when the session was unknown (already closed or expired)")
+    session_id: str | None = None
+    closed: bool | None = Field(None, description="false when the session was unknown (already closed or expired)")
+    resources_session_id: str | None = Field(None, description="the name closed (NeMo-Gym close)")
 
 
 class RolloutReply(VerifyReply):

@@ -14,7 +14,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from services.core.config import describe_validation_error
-from services.core.content import content_text
+from services.core.content import content_problem, content_text, item_problem
 from services.core.errors import BadRequest
 
 TRAINING_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
@@ -74,6 +74,16 @@ class ResponsesRequest(_Req):
     def _non_empty(cls, value: Any) -> Any:
         if isinstance(value, list) and not value:
             raise ValueError("input must not be empty")
+        return value
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _typed_items(cls, value: Any) -> Any:
+        """A wrong type inside an input item or its content parts is a 400 naming the path (never a 500)."""
+        if isinstance(value, list):
+            problem = next((p for p in (item_problem(item, f"input[{i}]") for i, item in enumerate(value)) if p), None)
+            if problem:
+                raise ValueError(problem)
         return value
 
 
@@ -153,11 +163,14 @@ def check_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise BadRequest(f"messages[{i}]: must be an object")
-        if msg.get("role") not in _ROLES:
+        if not isinstance(msg.get("role"), str) or msg["role"] not in _ROLES:
             raise BadRequest(f"messages[{i}].role: must be one of {sorted(_ROLES)}, got {msg.get('role')!r}")
         content = msg.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise BadRequest(f"messages[{i}].content: must be a string or a list of content parts")
+        problem = content_problem(content, f"messages[{i}].content")
+        if problem:
+            raise BadRequest(problem)
         for j, call in enumerate(msg.get("tool_calls") or []):
             fn = call.get("function") if isinstance(call, dict) else None
             if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):

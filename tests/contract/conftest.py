@@ -7,15 +7,16 @@ import pytest
 
 from gymserve.testing import ServerProcess
 
-from .servers import ENVIRONMENTS, start_all, stop_all
+from .servers import ENVIRONMENTS, judge_server, options_for, start_all, stop_all
 
 
 @pytest.fixture(scope="package")
 def env_servers() -> Iterator[dict[str, ServerProcess]]:
-    servers = {env: ServerProcess(f"resources/{env}", *options, name=f"contract-{env}", ready_timeout_s=180)
-               for env, options in ENVIRONMENTS.items()}
-    start_all(list(servers.values()))
+    judge = judge_server()
+    servers = {env: ServerProcess(f"resources/{env}", *options_for(env, judge), name=f"contract-{env}",
+                                  ready_timeout_s=180) for env in ENVIRONMENTS}
+    start_all([judge, *servers.values()])
     try:
         yield servers
     finally:
-        stop_all(list(servers.values()))
+        stop_all([judge, *servers.values()])

@@ -21,7 +21,25 @@ ENVIRONMENTS: dict[str, tuple[str, ...]] = {
     "reasoning_gym": ("workers=1",),
     "workplace": (),
     "code": ("timeout_s=5", "prestart=0", "max_concurrency=2"),
+    "equivalence_llm_judge": (),
+    "llm_judge": (),
+    "genrm_compare": (),
+    "terminal": ("warm_pool=0", "limits.wall_s=5"),
+    "swe": ("warm_pool=0",),
 }
+# Environments that call a judge model: pointed at one scripted judge (`judge_server`).
+JUDGED = frozenset({"equivalence_llm_judge", "llm_judge", "genrm_compare"})
+
+
+def judge_server() -> ServerProcess:
+    """A scripted judge that says "equal" (and scores 7) to every question (the judged environments' contract is
+    about their own inputs and replies; judge outcomes are tested in tests/integration/test_judge.py)."""
+    return ServerProcess("models/stub", name="contract-judge", ready_timeout_s=180,
+                         env={"GYMSERVE_SERVER_SPEC": json.dumps({"text": "Verdict [[A=B]], score [[7]]"})})
+
+
+def options_for(env: str, judge: ServerProcess) -> tuple[str, ...]:
+    return (*ENVIRONMENTS[env], *((f"judge_model_server={judge.url}",) if env in JUDGED else ()))
 
 
 def start_all(servers: list[ServerProcess]) -> list[ServerProcess]:
@@ -60,8 +78,12 @@ def answer_text(env: str, row: dict[str, Any]) -> str:
     if env == "reasoning_gym":
         entry = row.get("reasoning_gym_entry") or row
         return f"<answer>{entry.get('answer')}</answer>"
+    if env == "equivalence_llm_judge":
+        return f"It was {expected}."
     if env == "code":
         return "```python\nimport sys\nprint(sys.stdin.read().strip())\n```"
+    if env == "swe":
+        return f"```diff\n{row['patch']}```"
     return "<<A title>>\nA short answer without commas that is all lowercase."
 
 

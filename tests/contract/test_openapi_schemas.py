@@ -13,6 +13,9 @@ NAME = re.compile(r"^[a-zA-Z0-9.\-_]+$")
 # Options a kind needs before it can be built (nothing is contacted or loaded at build time).
 REQUIRED = {
     "resources/reward_model": {"model_name": "unused"},
+    "resources/equivalence_llm_judge": {"judge_model_server": "http://127.0.0.1:9"},
+    "resources/llm_judge": {"judge_model_server": "http://127.0.0.1:9"},
+    "resources/genrm_compare": {"judge_model_server": "http://127.0.0.1:9"},
     "models/openai_proxy": {"base_url": "http://127.0.0.1:9/v1"},
     "agents/simple_agent": {"resources_url": "http://127.0.0.1:9", "model_url": "http://127.0.0.1:9"},
     "agents/multi_turn_agent": {"resources_url": "http://127.0.0.1:9", "model_url": "http://127.0.0.1:9"},

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import stat
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -190,14 +192,25 @@ def test_refuses_to_start_without_a_working_sandbox():
     assert "bubblewrap not found" in str(info.value) and "sandbox=unsafe" in str(info.value)
 
 
-def test_sandbox_failure_is_masked_not_zero(tmp_path):
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A temporary directory that the sandbox user (uid 65534, what bwrap runs as under root) can reach."""
+    path = Path(tempfile.mkdtemp(prefix="gymserve-test-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_sandbox_failure_is_masked_not_zero(open_dir):
     """bwrap is wrapped by a script that starts failing on demand (injected fault: a broken bwrap)."""
-    marker = tmp_path / "broken"
-    wrapper = tmp_path / "bwrap"
+    marker = open_dir / "broken"
+    wrapper = open_dir / "bwrap"
     real = next(p for p in ("/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap") if os.path.exists(p))
     wrapper.write_text(f"#!/bin/sh\nif [ -e {marker} ]; then echo 'bwrap: simulated setup failure' >&2; exit 1; fi\n"
                        f"exec {real} \"$@\"\n")
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXOTH | stat.S_IROTH)
     with ServerProcess("resources/code", f"bwrap_path={wrapper}", "prestart=0") as proc:
         row = ROWS["sum_two"]
         assert proc.post("/verify", body_for(row, fenced(SOLUTIONS["sum_two"][0]))).json()["reward"] == 1.0
@@ -207,7 +220,9 @@ def test_sandbox_failure_is_masked_not_zero(tmp_path):
         assert "simulated setup failure" in reply["failure_reason"]
         sid = proc.post("/seed_session", {}).json()["session_id"]
         tool = _tool(proc, sid, "1")
-        assert tool.status_code == 503 and "simulated" in tool.json()["detail"]
+        assert tool.status_code == 200, tool.text
+        assert tool.json()["mask_sample"] is True and tool.json()["failure_kind"] == "sandbox"
+        assert "simulated" in tool.json()["failure_reason"]
 
 
 async def test_bounded_queue_answers_503_when_full():

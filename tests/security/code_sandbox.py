@@ -1,6 +1,7 @@
 """Shared helpers for the code sandbox security tests: one real `resources/code` server per module."""
 from __future__ import annotations
 
+import os
 from typing import Any, Iterator
 
 import pytest
@@ -17,6 +18,7 @@ def server() -> Iterator[ServerProcess]:
     with ServerProcess("resources/code", f"timeout_s={TIMEOUT_S}", "memory_mb=256", "sandbox_memory_mb=320",
                        "max_output_bytes=8192", "repl_timeout_s=3", f"prestart={PRESTART}",
                        env={"GYMSERVE_API_KEY": API_KEY}) as proc:
+        require_full_isolation(proc.get("/ready").json())
         yield proc
 
 
@@ -51,3 +53,15 @@ def assert_healthy(server: ServerProcess) -> None:
     assert server.proc is not None and server.proc.poll() is None
     result = run(server, "print(int(input()) * 2)", "21\n", "42\n")
     assert result["passed"], result
+
+
+def require_full_isolation(ready: dict[str, Any]) -> None:
+    """In CI (CI=true, run as root) a weaker fallback (no pids/memory cgroups) fails loudly instead of
+    letting the security tests pass against a sandbox that is not the one deployed as root."""
+    if os.environ.get("CI") == "true" and (os.geteuid() != 0 or ready.get("process_limit") != "cgroup"):
+        pytest.fail(f"security tests need root with cgroups in CI; got uid {os.geteuid()} and {ready}")
+
+
+def session(server: ServerProcess) -> dict[str, str]:
+    """Headers of a fresh tool session."""
+    return {"X-Session-Id": server.post("/seed_session", {}).json()["session_id"]}

@@ -17,14 +17,15 @@ def test_socket_to_the_servers_own_port_fails(server):
     result = run(server, CONNECT.format(host="127.0.0.1", port=server.port))
     assert result["failure_kind"] == "runtime_error"
     assert "PermissionError" in result["stderr"] or "unreachable" in result["stderr"]
-    assert result["time_s"] < 3  # fails at once, it does not wait for a timeout
+    assert "timed out" not in result["stderr"]  # refused at once, not a connect that waited for its timeout
     assert_healthy(server)
 
 
 def test_socket_to_an_outside_address_fails_fast(server):
     result = run(server, CONNECT.format(host="192.0.2.1", port=80))
     assert result["failure_kind"] == "runtime_error"
-    assert result["time_s"] < 3
+    assert "timed out" not in result["stderr"]  # refused (no route), not a connect left waiting
+    assert "PermissionError" in result["stderr"] or "unreachable" in result["stderr"], result["stderr"]
     assert_healthy(server)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.security.code_sandbox import PRESTART, TIMEOUT_S, assert_healthy, run, server  # noqa: F401
 
 
@@ -30,20 +32,32 @@ def _wait_no_leftovers(server) -> list[Path]:
     return _leftover_cgroups(server)
 
 
+@pytest.mark.timeout(TIMEOUT_S + 60)  # the wall clock ends it; a hang fails here
 def test_fork_bomb_is_contained(server):
     program = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-    start = time.monotonic()
     result = run(server, program)
     assert result["failure_kind"] == "timeout", result
-    assert time.monotonic() - start < TIMEOUT_S + 15
     assert_healthy(server)
     assert _wait_no_leftovers(server) == []
 
 
 def test_plain_fork_bomb_hits_the_process_limit(server):
-    result = run(server, "import os\nwhile True:\n    os.fork()\n")
-    assert result["failure_kind"] in ("runtime_error", "timeout"), result
-    assert "BlockingIOError" in result.get("stderr", "") or result["failure_kind"] == "timeout"
+    """The limit really applied: forks fail (EAGAIN) before `max_processes` (32) tasks exist; a
+    sandbox without a working limit would print `unlimited`."""
+    program = ("import os, time\n"
+               "kids = 0\n"
+               "while kids < 300:\n"
+               "    try:\n"
+               "        pid = os.fork()\n"
+               "    except BlockingIOError:\n"
+               "        break\n"
+               "    if pid == 0:\n"
+               "        time.sleep(60)\n"
+               "        os._exit(0)\n"
+               "    kids += 1\n"
+               "print('limited' if kids < 32 else f'unlimited {kids}')\n")
+    result = run(server, program, expected="limited\n")
+    assert result["passed"], result
     assert_healthy(server)
 
 
@@ -79,13 +93,12 @@ def test_many_processes_cannot_add_up_past_the_sandbox_memory_cap(server):
     assert_healthy(server)
 
 
+@pytest.mark.timeout(2 * TIMEOUT_S + 60)
 def test_cpu_spin(server):
-    start = time.monotonic()
     result = run(server, "while True:\n    pass\n")
     assert result["failure_kind"] == "timeout", result
     result = run(server, "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass\n")
     assert result["failure_kind"] == "timeout", result
-    assert time.monotonic() - start < TIMEOUT_S + 10
     assert_healthy(server)
 
 
@@ -98,11 +111,10 @@ def test_endless_output(server):
     assert_healthy(server)
 
 
+@pytest.mark.timeout(TIMEOUT_S + 60)
 def test_sleeping_forever(server):
-    start = time.monotonic()
     result = run(server, "import time\ntime.sleep(10 ** 6)\n")
     assert result["failure_kind"] == "timeout", result
-    assert time.monotonic() - start < TIMEOUT_S + 10
     assert_healthy(server)
 
 

@@ -123,3 +123,14 @@ def test_feed_never_blocks_or_raises_when_the_head_is_down():
     assert feed.sent == 0 and feed.dropped == 50
     feed.close()
     feed.post({"step": 99})  # after close: ignored, no error
+
+
+def test_parse_sample_sums_judge_counters_over_judges():
+    m = Metrics("env")
+    m.judges.calls.labels(judge="a", outcome="ok").inc(3)
+    m.judges.calls.labels(judge="b", outcome="timeout").inc()
+    m.judges.cache_hits.labels(judge="a").inc(2)
+    m.judges.failures.labels(judge="b", reason="timeout").inc()
+    s = parse_sample(generate_latest(m.registry).decode(), t=1.0)
+    assert s.judge == {"calls": 4.0, "cache_hits": 2.0, "failures": 1.0}
+    assert parse_sample(generate_latest(Metrics("plain").registry).decode(), t=1.0).judge == {}

@@ -125,3 +125,21 @@ def test_reasoning_gym_subcommand(tmp_path):
     result = subprocess.run([sys.executable, "-m", "gymserve", "prepare", "reasoning-gym", "--task", "nope",
                              "--size", "3", "-o", str(out)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "nope" in result.stderr
+
+
+def test_swe_bench_rows_get_the_issue_prompt_and_tools(tmp_path):
+    shipped = [json.loads(line) for line in (Path(__file__).resolve().parents[2] / "datasets/swe/example.jsonl")
+               .read_text().splitlines()]
+    raw = [{k: v for k, v in row.items() if k != "responses_create_params"} for row in shipped]
+    src = _write(tmp_path / "swe.jsonl", raw + [{"instance_id": "x", "problem_statement": "p", "FAIL_TO_PASS": "[]"}])
+    spec = DatasetSpec(source=str(src), agent="swe_simple_agent")
+    with pytest.raises(PrepareError, match="repo_snapshot or image"):
+        prepare(PrepareOptions(output_dir=str(tmp_path / "bad"), datasets=[spec]))
+    spec = DatasetSpec(source=str(_write(tmp_path / "ok.jsonl", raw)), agent="swe_simple_agent")
+    prepare(PrepareOptions(output_dir=str(tmp_path / "out"), datasets=[spec]))
+    rows = {r["instance_id"]: r for r in _read(tmp_path / "out/train.jsonl")}
+    for row in raw:
+        params = rows[row["instance_id"]]["responses_create_params"]
+        assert params["input"][-1] == {"role": "user", "content": row["problem_statement"]}
+        assert {t["name"] for t in params["tools"]} == {"bash", "read_file", "write_file", "apply_patch"}
+        assert rows[row["instance_id"]]["FAIL_TO_PASS"] == row["FAIL_TO_PASS"]

@@ -13,7 +13,8 @@ from services.agents.server import create_agent_app
 
 class Config(AgentConfig):
     """resources_server / model_server (instance names), resources_url / model_url, max_steps,
-    max_total_tokens, step/rollout/verify deadlines, default sampling parameters."""
+    max_total_tokens, max_tool_calls, mask_on_budget, step/rollout/verify deadlines, default
+    sampling parameters."""
 
 
 class SimpleAgent(Agent):

@@ -9,6 +9,7 @@ from .admission import AdmissionControl, admission_options
 from .auth import AuthMiddleware
 from .body_limit import BodyLimitMiddleware
 from .errors import ErrorReplyMiddleware
+from .input_guard import InputGuardMiddleware
 from .metrics import MetricsMiddleware
 from .request_id import REQUEST_ID_HEADER, RequestIdMiddleware, request_id_of
 
@@ -17,6 +18,7 @@ __all__ = [
     "AuthMiddleware",
     "BodyLimitMiddleware",
     "ErrorReplyMiddleware",
+    "InputGuardMiddleware",
     "MetricsMiddleware",
     "REQUEST_ID_HEADER",
     "RequestIdMiddleware",

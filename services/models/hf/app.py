@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator, Literal, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -17,7 +17,7 @@ from pydantic import Field
 
 from services.core.app import create_app, read_json, session_id
 from services.core.config import ServerConfig
-from services.core.errors import BadRequest, Unavailable
+from services.core.errors import BadRequest, PayloadTooLarge, Unavailable
 from services.core.openapi import SESSION_HEADER, describe
 from services.core.schemas import ResponseObject
 
@@ -50,6 +50,8 @@ class Config(ServerConfig):
                                 "token_ids with return_token_ids, logprob tokens as token_id:N with "
                                 "return_tokens_as_token_ids), none on the message: for testing vLLM clients")
     session_cache_size: int = Field(4096, ge=0, description="sessions whose last turn is kept for token continuity")
+    max_prompt_chars: int = Field(1_000_000, gt=0, description="longer prompts (characters in all messages) get 413 "
+                                                               "before any rendering or tokenizing")
     accept_weights: bool = Field(True, description="accept POST /v1/weights from a trainer on this host "
                                                    "(safetensors file path + version) for on-policy training")
     torch_threads: int = Field(default_factory=default_threads, ge=1,
@@ -108,9 +110,10 @@ def build(config: Config) -> FastAPI:
             raise BadRequest("streaming supports n=1 only")
         tools = oa.chat_tools(req.tools, req.tool_choice)
         session = session_id(request)
-        turn = model.prepare(oa.check_messages(req.messages), tools, session=session,
-                             max_new_tokens=req.max_new_tokens(), default_max_tokens=config.default_max_tokens,
-                             training=config.training_mode)
+        messages = _sized(config, oa.check_messages(req.messages))
+        turn = await model.off_loop(model.prepare, messages, tools, session=session,
+                                    max_new_tokens=req.max_new_tokens(), default_max_tokens=config.default_max_tokens,
+                                    training=config.training_mode)
         _check_overflow(config, model, turn, req.max_new_tokens())
         top = (req.top_logprobs or 0) if req.logprobs else 0
         kwargs = dict(temperature=req.temperature, top_p=req.top_p, stop=req.stop_list(), seed=req.seed, n=req.n,
@@ -118,8 +121,8 @@ def build(config: Config) -> FastAPI:
         if req.stream:
             return _stream(_chat_stream(model, config, req, turn, tools, session, kwargs))
         generations = await model.generate(turn, **kwargs)
-        choices = model.finish(turn, generations, session=session, training=config.training_mode,
-                               parse_tools=bool(tools))
+        choices = await model.off_loop(model.finish, turn, generations, session=session,
+                                       training=config.training_mode, parse_tools=bool(tools))
         body = oa.chat_completion(model.served_name, [_chat_choice(i, c, model, req.logprobs) for i, c in
                                                       enumerate(choices)],
                                   prompt_tokens=len(turn.prompt_ids),
@@ -138,7 +141,10 @@ def build(config: Config) -> FastAPI:
             raise BadRequest("streaming is not supported on /v1/completions")
         if req.n > config.max_n:
             raise BadRequest(f"n={req.n} is larger than this server's max_n={config.max_n}")
-        ids = model.tokenize(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
+        if isinstance(req.prompt, str):
+            ids = await model.off_loop(model.tokenize, _sized(config, req.prompt))
+        else:
+            ids = list(req.prompt)
         vocab = len(model.tokenizer)
         if any(not 0 <= t < vocab for t in ids):
             raise BadRequest(f"prompt: token IDs must be in [0, {vocab})")
@@ -167,19 +173,42 @@ def build(config: Config) -> FastAPI:
             raise BadRequest("previous_response_id is not supported: send the full conversation as input")
         tools = oa.chat_tools(req.tools, req.tool_choice)
         session = session_id(request)
-        turn = model.prepare(oa.responses_to_messages(req), tools, session=session,
-                             max_new_tokens=req.max_output_tokens, default_max_tokens=config.default_max_tokens,
-                             training=config.training_mode)
+        messages = _sized(config, oa.responses_to_messages(req))
+        turn = await model.off_loop(model.prepare, messages, tools, session=session,
+                                    max_new_tokens=req.max_output_tokens, default_max_tokens=config.default_max_tokens,
+                                    training=config.training_mode)
         _check_overflow(config, model, turn, req.max_output_tokens)
         kwargs = dict(temperature=req.temperature, top_p=req.top_p, stop=req.stop_list(), seed=req.seed, n=1)
         if req.stream:
             return _stream(_responses_stream(model, config, req, turn, tools, session, kwargs))
         generations = await model.generate(turn, **kwargs)
-        choice = model.finish(turn, generations, session=session, training=config.training_mode,
-                              parse_tools=bool(tools))[0]
+        choice = (await model.off_loop(model.finish, turn, generations, session=session,
+                                       training=config.training_mode, parse_tools=bool(tools)))[0]
         return JSONResponse(_response_body(model, req, turn, choice))
 
     return app
+
+
+def _text_chars(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_chars(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_text_chars(v) for v in value)
+    return 0
+
+
+T = TypeVar("T")
+
+
+def _sized(config: Config, prompt: T) -> T:
+    """`prompt` (messages or text), or a 413 when it holds more than max_prompt_chars characters."""
+    chars = _text_chars(prompt)
+    if chars > config.max_prompt_chars:
+        raise PayloadTooLarge(f"prompt of {chars} characters exceeds this server's "
+                              f"max_prompt_chars={config.max_prompt_chars}")
+    return prompt
 
 
 def _check_overflow(config: Config, model: HFModel, turn: Turn, requested: int | None) -> None:
@@ -297,8 +326,8 @@ async def _chat_stream(model: HFModel, config: Config, req: ChatRequest, turn: T
     except Exception as exc:
         yield oa.sse({"error": {"message": f"generation failed: {exc}", "type": "internal_error"}})
         return
-    choice = model.finish(turn, generations, session=session, training=config.training_mode,
-                          parse_tools=bool(tools))[0]
+    choice = (await model.off_loop(model.finish, turn, generations, session=session,
+                                   training=config.training_mode, parse_tools=bool(tools)))[0]
     rest = choice.content[len(streamed):] if choice.content.startswith(streamed) else ""
     if rest:
         yield oa.sse(oa.chat_chunk(cid, name, created, [
@@ -340,7 +369,7 @@ async def _responses_stream(model: HFModel, config: Config, req: ResponsesReques
     except Exception as exc:
         yield events.event("error", code="internal_error", message=f"generation failed: {exc}", param=None)
         return
-    choice = model.finish(turn, generations, session=session, training=config.training_mode,
-                          parse_tools=bool(tools))[0]
+    choice = (await model.off_loop(model.finish, turn, generations, session=session,
+                                   training=config.training_mode, parse_tools=bool(tools)))[0]
     for event in events.finish(_response_body(model, req, turn, choice, response_id=rid)):
         yield event

@@ -5,8 +5,11 @@ and `finish()` records the session state for the next turn's continuity.
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +70,9 @@ class HFModel:
         self.format: ChatFormat | None = None
         self.max_model_len = 0
         self.eot_texts: list[str] = []
+        # Rendering and tokenizing a long prompt takes seconds: one thread does it (a fast tokenizer
+        # must not be used by two threads at once) so the event loop keeps answering /health.
+        self.text_thread = ThreadPoolExecutor(1, thread_name_prefix="hf-text")
 
     # ------------------------------------------------------------------ loading
     def load(self) -> None:
@@ -132,6 +138,11 @@ class HFModel:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.stop()
+        self.text_thread.shutdown(wait=False, cancel_futures=True)
+
+    async def off_loop(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)` on the text thread (prompt rendering, tokenizing, `finish`)."""
+        return await asyncio.get_running_loop().run_in_executor(self.text_thread, functools.partial(fn, *args, **kwargs))
 
     @property
     def ready(self) -> bool:

@@ -10,12 +10,19 @@ from the request's `metadata.stub_script` (a JSON string, so rows can carry it) 
 the `script` option; past its end the stub answers `text`. A step is an object with any of:
 `text` (final message), `tool_calls` (list of `{name, arguments}`; `arguments` may be an
 invalid JSON string on purpose), `status` + `error` (answer with that HTTP error),
-`sleep` (seconds to wait first), `usage` (token counts to report).
+`sleep` (seconds to wait first), `usage` (token counts to report), `retry_after` (the
+`Retry-After` header of a scripted error).
+
+The `rules` option makes it a scripted judge: the first rule whose `match` (a regular
+expression) is found in the request's input text gives the step, whatever the session, so
+answers can depend on the prompt (an order-dependent judge, a judge that 429s once). A rule
+with `times: N` applies to its first N matching calls only. `GET /stats` counts the calls.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections import defaultdict
@@ -27,6 +34,7 @@ from pydantic import Field, field_validator
 
 from services.core.app import create_app, read_json, session_id
 from services.core.config import ServerConfig
+from services.core.content import content_text
 from services.core.errors import BadRequest
 from services.core.openapi import SESSION_HEADER, describe
 from services.core.schemas import ResponseObject
@@ -37,6 +45,21 @@ class Config(ServerConfig):
     text: str = Field("42", description="the answer once the script is exhausted")
     script: list[dict[str, Any]] | None = Field(None, description="steps answered in order, per session")
     model_name: str = Field("stub", description="name reported in replies and /v1/models")
+    rules: list[dict[str, Any]] | None = Field(
+        None, description="steps chosen by prompt: [{match: REGEX, times: N?, ...step}]; the first rule that "
+                          "matches the input text answers")
+
+    @field_validator("rules")
+    @classmethod
+    def _rules(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for i, rule in enumerate(value or []):
+            if not isinstance(rule.get("match"), str):
+                raise ValueError(f"rules[{i}].match: expected a regular expression")
+            try:
+                re.compile(rule["match"])
+            except re.error as exc:
+                raise ValueError(f"rules[{i}].match: {exc}") from None
+        return value
 
     @field_validator("text", mode="before")
     @classmethod
@@ -60,6 +83,18 @@ def _call(spec: dict[str, Any]) -> dict[str, Any]:
 def build(config: Config) -> FastAPI:
     app = create_app(config, description=__doc__ or "")
     turns: dict[str, int] = defaultdict(int)
+    rule_uses: dict[int, int] = defaultdict(int)
+    stats = {"calls": 0}
+
+    def by_rule(body: dict[str, Any]) -> dict[str, Any] | None:
+        raw = body.get("input")
+        text = raw if isinstance(raw, str) else "\n".join(
+            content_text(m.get("content")) for m in raw or [] if isinstance(m, dict))
+        for i, rule in enumerate(config.rules or []):
+            if re.search(rule["match"], text) and rule_uses[i] < rule.get("times", float("inf")):
+                rule_uses[i] += 1
+                return rule
+        return None
 
     def script_of(body: dict[str, Any]) -> list[dict[str, Any]]:
         raw = (body.get("metadata") or {}).get("stub_script") if isinstance(body.get("metadata"), dict) else None
@@ -88,16 +123,21 @@ def build(config: Config) -> FastAPI:
         if not isinstance(body, dict):
             raise BadRequest("body: expected a JSON object")
         parse_request(ResponsesRequest, body)  # the stub answers only requests a real server would accept
-        script = script_of(body)
-        sid = session_id(request)
-        turn = turns[sid] if sid else 0
-        if sid:
-            turns[sid] += 1
-        step = script[turn] if turn < len(script) else {"text": config.text}
+        stats["calls"] += 1
+        step = by_rule(body)
+        if step is None:
+            script = script_of(body)
+            sid = session_id(request)
+            turn = turns[sid] if sid else 0
+            if sid:
+                turns[sid] += 1
+            step = script[turn] if turn < len(script) else {"text": config.text}
         if step.get("sleep"):
             await asyncio.sleep(float(step["sleep"]))
         if step.get("status"):
-            return JSONResponse({"detail": step.get("error", "scripted failure")}, status_code=int(step["status"]))
+            headers = {"Retry-After": str(step["retry_after"])} if "retry_after" in step else None
+            return JSONResponse({"detail": step.get("error", "scripted failure")}, status_code=int(step["status"]),
+                                headers=headers)
         output = [_call(c) for c in step.get("tool_calls") or []]
         if "text" in step or not output:
             output.insert(0, _message(str(step.get("text", config.text))))
@@ -107,6 +147,10 @@ def build(config: Config) -> FastAPI:
         return JSONResponse({"id": f"resp_{uuid.uuid4().hex[:16]}", "object": "response", "created_at": time.time(),
                              "model": body.get("model") or config.model_name, "status": "completed",
                              "output": output, "usage": usage})
+
+    @app.get("/stats", **describe(reply={"type": "object", "properties": {"calls": {"type": "integer"}}}))
+    async def get_stats() -> dict[str, Any]:
+        return dict(stats)
 
     @app.get("/v1/models", **describe(reply=ModelList))
     async def models() -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from services.core.errors import BadRequest, Unavailable
 from services.core.failures import FailureKind
-from services.core.replies import failed_reply, scored_reply
+from services.core.replies import MAX_REASON_CHARS, failed_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app, tool
 from services.core.schemas import VerifyReply, VerifyRequest
 
@@ -57,7 +57,7 @@ class Config(ResourceConfig):
     reward_mode: Literal["fraction", "all"] = Field("fraction", description="fraction of tests passed, or 1/0")
     repl_timeout_s: float = Field(10.0, gt=0, le=600, description="wall-clock limit of one execute_python call")
     repl_cpu_s: float = Field(300.0, gt=0, description="CPU-time budget of one session's interpreter")
-    max_sessions: int = Field(256, ge=1, description="open tool sessions (one interpreter each); beyond: 503")
+    max_sessions: int = Field(256, ge=1, description="open tool sessions (one interpreter each); beyond: 429")
     terminate_on_evaluation: bool = Field(
         False, description="execute_python replies terminated=true when the last line is an expression that "
                            "evaluated (NeMo RL code environment semantics); a seeded row may override it")
@@ -173,9 +173,6 @@ class CodeEnv(Environment):
 
     # ---- tool mode ------------------------------------------------------------ #
     async def seed(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
-        if len(self.sessions) > self.config.max_sessions:
-            raise Unavailable(f"too many open sessions (max_sessions={self.config.max_sessions}); "
-                              "close finished ones with /close_session")
         flag = body.get("terminate_on_evaluation", self.config.terminate_on_evaluation)
         if not isinstance(flag, bool):
             raise BadRequest("terminate_on_evaluation: expected true or false")
@@ -206,7 +203,10 @@ class CodeEnv(Environment):
                 reply = await repl.execute(code, self.config.repl_timeout_s)
             except SandboxError as exc:
                 log.error("sandbox failure in execute_python: %s", exc)
-                raise Unavailable(str(exc), kind=FailureKind.SANDBOX) from None
+                return {"stdout": "", "stderr": "", "exit_code": None, "timed_out": False, "result": None,
+                        "truncated": False, "terminated": False, "state_lost": True, "sandbox": self.sandbox.mode,
+                        "mask_sample": True, "failure_kind": str(FailureKind.SANDBOX),
+                        "failure_reason": str(exc)[:MAX_REASON_CHARS]}
         terminate = bool(session.data.get("terminate_on_evaluation"))
         reply["terminated"] = terminate and reply.pop("evaluated", False) and reply["exit_code"] == 0
         reply.pop("evaluated", None)

@@ -12,9 +12,11 @@ from .sandbox import Limits, Sandbox, SandboxError, Spawned
 
 
 class Repl:
-    """One long-lived `runner.REPL` process in its own sandbox. Not concurrency-safe: the session lock
-    serialises calls. A call that overruns its wall clock kills the interpreter (its state is lost and
-    the reply says so); the next call starts a fresh one."""
+    """One long-lived `runner.REPL` sandbox (a supervisor and the worker that runs the user's code) per
+    session. Not concurrency-safe: the session lock serialises calls. A call that overruns its wall
+    clock kills the sandbox (its state is lost and the reply says so); a sandbox that dies or breaks
+    the protocol raises SandboxError (a masked `sandbox` failure); either way the next call starts a
+    fresh one."""
 
     def __init__(self, sandbox: Sandbox, limits: Limits) -> None:
         self.sandbox = sandbox
@@ -56,15 +58,15 @@ class Repl:
             return {"stdout": "", "stderr": f"execution timed out after {wall_s:g}s; the interpreter was "
                                             "killed and its state is lost", "exit_code": None, "timed_out": True,
                     "evaluated": False, "result": None, "truncated": False, "state_lost": True}
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError, OSError):
-            code_, status = await self._exit_status()
-            bwrap_error = bytes(self._stderr).decode(errors="replace").strip()
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError, OSError, RuntimeError) as exc:
+            # RuntimeError: a write to the pipe of a sandbox that died between calls (uvloop)
+            # the supervisor inside the sandbox (not the user's code: that runs in its child) is gone or
+            # answered garbage: an infrastructure failure; the next call starts a fresh interpreter
+            code_, _ = await self._exit_status()
+            detail = bytes(self._stderr).decode(errors="replace").strip()[-500:]
             await self.close()
-            if self.sandbox.mode == "bwrap" and "exit-code" not in status and bwrap_error.startswith("bwrap"):
-                raise SandboxError(f"sandbox failed: {bwrap_error[-500:]}") from None
-            return {"stdout": "", "stderr": f"the interpreter exited (code {code_}); its state is lost",
-                    "exit_code": code_, "timed_out": False, "evaluated": False, "result": None,
-                    "truncated": False, "state_lost": True}
+            raise SandboxError(f"the sandboxed interpreter was lost (exit code {code_}, {type(exc).__name__})"
+                               + (f": {detail}" if detail else "")) from None
         if fresh and self.restarts:
             reply["state_lost"] = True
         return reply
@@ -72,7 +74,7 @@ class Repl:
     async def _reply(self, stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader) -> None:
         await stdin.drain()
         (size,) = struct.unpack(">I", await stdout.readexactly(4))
-        if size > 4 * self.limits.output_bytes + 65536:
+        if size > 20 * self.limits.output_bytes + 65536:  # stdout, stderr, result: each <= 6 x once JSON-escaped
             raise ValueError("oversized frame")
         self._last = json.loads(await stdout.readexactly(size))
         if not isinstance(self._last, dict):
@@ -81,7 +83,8 @@ class Repl:
                       "exit_code": self._last.get("exit_code") if isinstance(self._last.get("exit_code"), int) else 1,
                       "timed_out": False, "evaluated": bool(self._last.get("evaluated")),
                       "result": self._last.get("result") if isinstance(self._last.get("result"), str) else None,
-                      "truncated": bool(self._last.get("truncated"))}
+                      "truncated": bool(self._last.get("truncated")),
+                      **({"state_lost": True} if self._last.get("state_lost") is True else {})}
 
     async def _exit_status(self) -> tuple[int | None, dict[str, Any]]:
         """The dead interpreter's exit code and bwrap's status documents."""

@@ -6,9 +6,17 @@ order: cpu_s memory_bytes fsize_bytes nproc nofile, then the mode's own argument
 """
 from __future__ import annotations
 
-_LIMITS = r'''
+from services.core.sandbox.bwrap import SITE_DIR
+
+# the read-only packages bound into the sandbox (numpy, sympy...) are importable
+_LIMITS = f'''
 import os, resource, signal, sys
+sys.path.append({SITE_DIR!r})
+''' + r'''
 def _gym_limits(argv):
+    # descriptors inherited past bwrap (uvloop's socketpairs for the server's pipes have duplicates
+    # without close-on-exec) would be a second way to the server's end of the channel
+    os.closerange(3, 2 ** 31 - 1)
     cpu, mem, fsize, nproc, nofile = (int(x) for x in argv[1:6])
     for res, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, fsize),
                        (resource.RLIMIT_NPROC, nproc), (resource.RLIMIT_NOFILE, nofile), (resource.RLIMIT_CORE, 0)):
@@ -54,59 +62,54 @@ except BaseException as _gym_exc:  # traceback without this runner's frame
     os._exit(1)
 '''
 
-# Persistent interpreter for tool mode. Protocol on the original stdin/stdout: each message is a
-# 4-byte big-endian length and a UTF-8 JSON object. The user's own stdout/stderr go to files in
-# its starting directory (the sandbox's private /tmp; a private temp dir with sandbox=unsafe),
-# read back after each cell, so nothing the code prints can corrupt a frame. Like NeMo RL's code
-# environment, a final expression statement is evaluated and its pformat() is the cell's `result`.
+# Persistent interpreter for tool mode, two processes. The SUPERVISOR holds the protocol channel
+# (the original stdin/stdout; each message a 4-byte big-endian length and a UTF-8 JSON object) and
+# is not dumpable, so the WORKER it forks, which runs the user's code, can neither write to that
+# channel (its fds are closed there; /proc/<pid>/fd and ptrace of a non-dumpable process are
+# refused) nor forge a reply: the supervisor builds every reply itself, reading the cell's
+# stdout/stderr from files in the sandbox's /tmp, and takes only a small bounded result message
+# from the worker's Unix socket, checked and re-typed, carrying the cell's random nonce (anything
+# else written into that socket is skipped, so the cells stay in step). A worker that dies or
+# answers garbage is a reply with `state_lost`; the next cell gets a fresh worker. Between cells every process of the sandbox but
+# pid 1 and the supervisor is stopped (kill(-1, SIGSTOP) in its pid namespace; the worker's process
+# group with sandbox=unsafe), so nothing runs between calls. Like NeMo RL's code environment, a final
+# expression statement is evaluated and its pformat() is the cell's `result`.
 REPL = _LIMITS + r'''
-def _gym_main():
-    import ast, builtins, io, json, linecache, pprint, struct, traceback
-    _gym_limits(sys.argv)
-    pin = os.fdopen(os.dup(0), "rb", buffering=0)
-    pout = os.fdopen(os.dup(1), "wb", buffering=0)
+import json, select, struct
+
+def _gym_exact(fd, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+def _gym_send(fd, obj):
+    data = json.dumps(obj).encode()
+    data = struct.pack(">I", len(data)) + data
+    while data:
+        data = data[os.write(fd, data):]
+
+def _gym_worker(req, res, limit):
+    import ast, builtins, io, linecache, pprint, traceback
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
-    outs = []
-    for fd, name in ((1, ".cell_stdout"), (2, ".cell_stderr")):
-        f = os.open(name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(f, fd)
-        os.close(f)
+    os.close(null)
     sys.stdin = io.TextIOWrapper(io.FileIO(0, closefd=False), encoding="utf-8")
     scope = {"__name__": "__main__", "__builtins__": builtins}
-
-    def read_exact(n):
-        buf = b""
-        while len(buf) < n:
-            chunk = pin.read(n - len(buf))
-            if not chunk:
-                raise EOFError
-            buf += chunk
-        return buf
-
-    def send(obj):
-        data = json.dumps(obj).encode()
-        pout.write(struct.pack(">I", len(data)) + data)
-
-    def grab(fd, limit):
-        sys.stdout.flush() if fd == 1 else sys.stderr.flush()
-        size = os.lseek(fd, 0, os.SEEK_END)
-        data = os.pread(fd, min(size, limit), 0)
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        return data.decode("utf-8", "replace"), size > limit
-
     count = 0
     while True:
-        try:
-            (n,) = struct.unpack(">I", read_exact(4))
-            request = json.loads(read_exact(n))
-        except EOFError:
-            return
+        head = _gym_exact(req, 4)
+        body = head and _gym_exact(req, struct.unpack(">I", head)[0])
+        if not body:
+            os._exit(0)
+        request = json.loads(body)
+        code, nonce = request["code"], request["nonce"]
+        del request, body
         count += 1
         name = f"<cell {count}>"
-        code = request.get("code", "")
-        limit = int(request.get("max_output", 65536))
         linecache.cache[name] = (len(code), None, code.splitlines(True), name)
         exit_code, evaluated, result = 0, False, None
         try:
@@ -118,7 +121,7 @@ def _gym_main():
                 value = eval(compile(ast.Expression(last.value), name, "eval"), scope)
                 evaluated = True
                 if value is not None:
-                    result = pprint.pformat(value)
+                    result = pprint.pformat(value)[:limit + 1]
                     scope["_"] = value
         except SystemExit as exc:
             code_ = exc.code
@@ -131,15 +134,185 @@ def _gym_main():
                 traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
             except BaseException:
                 pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        _gym_send(res, {"nonce": nonce, "exit_code": exit_code, "evaluated": evaluated, "result": result})
+
+class _GymSupervisor:
+    def __init__(self, freeze_all):
+        self.freeze_all = freeze_all
+        self.pin = os.dup(0)
+        self.pout = os.dup(1)
+        for fd in (self.pin, self.pout):
+            os.set_inheritable(fd, False)
+        null = os.open("/dev/null", os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.close(null)
+        self.files = [os.open(name, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
+                      for name in (".cell_stdout", ".cell_stderr")]
+        self.pid = None
+        self.lost = False
+
+    def start(self, limit):
+        # one Unix socket pair: what the worker writes into its end reaches only this process (a pipe's
+        # read end could be reopened for writing through /proc/self/fd and fed fake requests)
+        import socket
+        mine, theirs = (s.detach() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for fd in (self.pin, self.pout, mine):
+                    os.close(fd)
+                os.dup2(self.files[0], 1)
+                os.dup2(self.files[1], 2)
+                for fd in self.files:
+                    os.close(fd)
+                if not self.freeze_all:
+                    os.setpgid(0, 0)
+                _gym_dumpable(1)
+                _gym_worker(theirs, theirs, limit)
+            finally:
+                os._exit(70)
+        os.close(theirs)
+        self.pid, self.req, self.res = pid, mine, mine
         try:
-            out, out_cut = grab(1, limit)
-            err, err_cut = grab(2, limit)
-        except OSError as exc:
-            out, out_cut, err, err_cut = "", True, f"output could not be read: {exc}", True
+            self.pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self.pidfd = None
+
+    def signal(self, sig):
+        try:
+            if self.freeze_all:
+                os.kill(-1, sig)
+            elif self.pid is not None:
+                os.killpg(self.pid, sig)
+        except OSError:
+            pass
+
+    def stop_worker(self):
+        if self.pid is None:
+            return None
+        self.signal(signal.SIGCONT)
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        _, status = os.waitpid(self.pid, 0)
+        for fd in (self.res,) + ((self.pidfd,) if self.pidfd is not None else ()):
+            os.close(fd)
+        self.pid = None
+        self.lost = True
+        return status
+
+    def result(self, nonce, limit):
+        # the worker's bounded result message for this cell (junk the user's code wrote into the socket
+        # is skipped), or None when the worker died or sent something malformed
+        while True:
+            msg = self.message(limit)
+            if msg is None or msg.get("nonce") == nonce:
+                return msg
+
+    def message(self, limit):
+        poll = select.poll()
+        poll.register(self.res, select.POLLIN)
+        if self.pidfd is not None:
+            poll.register(self.pidfd, select.POLLIN)
+        while True:
+            ready = dict(poll.poll())
+            if self.res in ready:
+                break
+            if self.pidfd in ready:
+                poll.unregister(self.pidfd)
+                poll.poll(50)  # a last message written just before exiting
+                if not dict(poll.poll(0)):
+                    return None
+        head = _gym_exact(self.res, 4)
+        if head is None or struct.unpack(">I", head)[0] > 8 * limit + 4096:  # JSON escapes: <= 6 x
+            return None
+        body = _gym_exact(self.res, struct.unpack(">I", head)[0])
+        try:
+            msg = json.loads(body)
+        except (TypeError, ValueError):
+            return None
+        return msg if isinstance(msg, dict) else None
+
+    def drain(self):
+        # bytes a leftover process wrote into the worker's socket outside a cell
+        os.set_blocking(self.res, False)
+        try:
+            while os.read(self.res, 65536):
+                pass
+        except OSError:
+            pass
+        os.set_blocking(self.res, True)
+
+    def grab(self, fd, limit):
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, min(size, limit), 0)
+        os.ftruncate(fd, 0)
+        return data.decode("utf-8", "replace"), size > limit
+
+    def cell(self, code, limit):
+        fresh = self.pid is None
+        if fresh:
+            self.start(limit)
+        else:
+            self.drain()
+        notes = ""
+        nonce = os.urandom(16).hex()
+        try:
+            _gym_send(self.req, {"code": code, "nonce": nonce})
+            msg = self.result(nonce, limit)
+        except OSError:
+            msg = None
+        if msg is None:
+            status = self.stop_worker()
+            code_ = (os.waitstatus_to_exitcode(status) if status is not None else 1)
+            exit_code = 128 - code_ if code_ < 0 else code_
+            notes = f"the interpreter exited (code {exit_code}); its state is lost\n"
+            msg = {"exit_code": exit_code}
+        out, out_cut = self.grab(self.files[0], limit)
+        err, err_cut = self.grab(self.files[1], limit)
+        if notes:
+            err += notes
+        exit_code = msg.get("exit_code")
+        result = msg.get("result")
+        result = result if isinstance(result, str) else None
         if result is not None and len(result) > limit:
             result, out_cut = result[:limit], True
-        send({"stdout": out, "stderr": err, "exit_code": exit_code, "evaluated": evaluated, "result": result,
-              "truncated": out_cut or err_cut})
+        reply = {"stdout": out, "stderr": err, "exit_code": exit_code if type(exit_code) is int else 1,
+                 "evaluated": msg.get("evaluated") is True, "result": result, "truncated": out_cut or err_cut}
+        if notes or (fresh and self.lost):
+            reply["state_lost"] = True
+        return reply
+
+def _gym_dumpable(flag):
+    try:
+        import ctypes
+        failed = ctypes.CDLL(None, use_errno=True).prctl(4, flag, 0, 0, 0) != 0  # PR_SET_DUMPABLE
+    except BaseException:
+        failed = True
+    if failed and not flag:
+        raise OSError("prctl(PR_SET_DUMPABLE, 0) failed: the channel would be reachable from the worker")
+
+def _gym_main():
+    rest = _gym_limits(sys.argv)
+    _gym_dumpable(0)  # the worker (same uid) cannot open this process's fds through /proc nor ptrace it
+    sup = _GymSupervisor(freeze_all=bool(rest) and rest[0] == "all")
+    while True:
+        head = _gym_exact(sup.pin, 4)
+        body = head and _gym_exact(sup.pin, struct.unpack(">I", head)[0])
+        if not body:
+            return
+        request = json.loads(body)
+        sup.signal(signal.SIGCONT)
+        reply = sup.cell(request.get("code", ""), int(request.get("max_output", 65536)))
+        sup.signal(signal.SIGSTOP)
+        _gym_send(sup.pout, reply)
 
 _gym_main()
 '''

@@ -1,20 +1,20 @@
 """Runs untrusted Python in a bubblewrap sandbox, asynchronously, with hard limits.
 
-Each execution is `bwrap ... python -I -S -c RUNNER limits...` (runner.py):
-- namespaces: user, pid, net, ipc, uts, cgroup, mount (`--unshare-all --unshare-user`), no nested
-  user namespaces (`--disable-userns`), uid/gid 65534 inside, no capabilities;
+Each execution is `bwrap ... python -I -S -c RUNNER limits...` (runner.py), the bwrap command line
+from services/core/sandbox/bwrap.py (what it promises is listed there and in docs/security-sandbox.md):
+- never root outside: as root, bwrap is started as uid 65534 (cgroups joined first), so the user
+  namespace maps the sandbox user onto 65534; the start-up probe refuses to serve otherwise, or
+  when a global sysctl opens for writing inside;
 - file system: a fresh read-only root holding only /usr (+ the /bin, /lib* links or dirs), the
-  interpreter's own prefix (resolved at start-up, e.g. a pyenv tree under a home directory), a
-  private size-capped tmpfs on /tmp, a private /proc and minimal /dev; the program arrives on stdin
+  interpreter's own prefix, numpy/sympy/mpmath read-only, read-only /proc/sys and /dev, and the
+  writable tmpfs /tmp and /dev/shm sharing `tmp_mb`; the program arrives on stdin
   (length-prefixed, ahead of the test's input), so sandboxes can be pre-started. Nothing of the
   repository, the home directory or /etc is visible;
 - environment: bwrap itself starts from a minimal environment and the child gets `--clearenv` plus
-  PATH/HOME/LANG only, so no secret of the server (GYMSERVE_API_KEY...) is anywhere inside,
-  not even in /proc/1/environ;
+  PATH/HOME/LANG only, so no secret of the server (GYMSERVE_API_KEY...) is anywhere inside;
 - rlimits (CPU, address space, file size, processes, open files, no core) set by the runner,
-  pids + memory cgroups per execution when the server may create them (else, as root, bwrap is
-  started as uid 65534 so RLIMIT_NPROC applies), an optional seccomp filter, a wall-clock kill,
-  and stdout/stderr read incrementally and cut at a byte limit (the run is killed when over).
+  pids + memory cgroups per execution when the server may create them, an optional seccomp
+  filter, a wall-clock kill, and stdout/stderr read incrementally and cut at a byte limit.
 `--die-with-parent` + the pid namespace mean killing bwrap kills every process the code started.
 """
 from __future__ import annotations
@@ -35,6 +35,10 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from services.core.sandbox.bwrap import (INSIDE_PATH, PROBE, SANDBOX_UID, Bind, bwrap_argv, host_uids,
+                                         package_binds, parse_probe, probe_problems, reachable_by, spawn_uid,
+                                         unprivileged)
+
 from . import runner
 from .cgroup import Cgroups
 from .seccomp import build_filter
@@ -42,8 +46,6 @@ from .seccomp import build_filter
 log = logging.getLogger("gymserve.code")
 
 Mode = Literal["bwrap", "unsafe"]
-SANDBOX_UID = 65534
-_INSIDE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 class SandboxError(Exception):
@@ -119,39 +121,14 @@ def _interpreter() -> tuple[str, list[str]]:
     return exe, binds
 
 
-def _reachable_by_others(path: str) -> bool:
-    """Every directory above `path` is searchable and `path` readable by any uid."""
-    parts = Path(path).parts
-    for i in range(1, len(parts)):
-        with contextlib.suppress(OSError):
-            if not os.stat(os.path.join(*parts[:i])).st_mode & 0o001:
-                return False
-    with contextlib.suppress(OSError):
-        return bool(os.stat(path).st_mode & 0o005)
-    return False
-
-
-def _interpreter_for_others(exe: str, binds: list[str]) -> tuple[str, list[str]] | None:
-    """This interpreter if uid 65534 can reach it, else the system one of the same version."""
-    if _reachable_by_others(exe) and all(_reachable_by_others(b) for b in binds):
+def _interpreter_for(uid: int, exe: str, binds: list[str]) -> tuple[str, list[str]] | None:
+    """This interpreter if `uid` can reach it, else the system one of the same version."""
+    if reachable_by(exe, uid) and all(reachable_by(b, uid) for b in binds):
         return exe, binds
     system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
     if os.path.exists(system):
         return os.path.realpath(system), []
     return None
-
-
-_DROP_PRIVILEGES = ("import os, sys; uid = int(sys.argv[1]); os.setgroups([]); os.setgid(uid); os.setuid(uid); "
-                    "os.execv(sys.argv[2], sys.argv[2:])")
-
-
-def _as_uid(uid: int, argv: list[str]) -> list[str]:
-    """`argv` run as `uid` (groups cleared), through a tiny launcher that drops root's privileges and execs.
-
-    Not `create_subprocess_exec(user=..., group=..., extra_groups=...)`: uvloop's event loop (what
-    uvicorn uses when installed) rejects those arguments, and a `preexec_fn` is unsafe with threads.
-    """
-    return [os.path.realpath(sys.executable), "-I", "-S", "-c", _DROP_PRIVILEGES, str(uid), *argv]
 
 
 class Sandbox:
@@ -170,7 +147,8 @@ class Sandbox:
         self.process_limit = "none"
         self.notes: list[str] = []
         self._removals: set[asyncio.Task[None]] = set()
-        self.spawn_uid: int | None = None
+        self.spawn_uid = os.geteuid()
+        self.package_binds: list[Bind] = []
         self.proc_mount = True
         self.warm: WarmPool | None = None
 
@@ -192,14 +170,21 @@ class Sandbox:
         if self.want_cgroup and os.geteuid() == 0:
             self.cgroup = Cgroups.create()
         self.process_limit = "cgroup" if self.cgroup else "rlimit"
-        if os.geteuid() == 0 and not self.cgroup:
-            # RLIMIT_NPROC never applies to root, and bwrap started by root maps the sandbox onto root:
-            # start bwrap itself as uid 65534 instead (it needs an interpreter that uid can reach).
-            found = _interpreter_for_others(self.python, self.python_binds)
-            if found:
-                self.python, self.python_binds = found
-                self.spawn_uid = SANDBOX_UID
-                self.process_limit = "rlimit (bwrap started as uid 65534)"
+        self.spawn_uid = spawn_uid()
+        if self.spawn_uid != os.geteuid():
+            # bwrap started by root would map the sandbox user onto root outside (and RLIMIT_NPROC
+            # never applies to root): the launcher drops to SANDBOX_UID, after any cgroup joins, so
+            # the interpreter and every bind must be reachable by that uid
+            found = _interpreter_for(self.spawn_uid, self.python, self.python_binds)
+            if found is None:
+                raise SandboxError(f"no Python interpreter that uid {self.spawn_uid} can run ({self.python} is "
+                                   "unreachable and there is no system python of the same version)")
+            self.python, self.python_binds = found
+            if not reachable_by(self.bwrap, self.spawn_uid):
+                raise SandboxError(f"{self.bwrap} cannot be run by uid {self.spawn_uid} (what bwrap runs as when "
+                                   "the server is root): make it and its directories readable and searchable")
+            self.process_limit += f" (bwrap started as uid {self.spawn_uid})" if not self.cgroup else ""
+        self.package_binds = package_binds(uid=self.spawn_uid)
         try:
             await self.probe()
         except SandboxError as exc:
@@ -213,7 +198,8 @@ class Sandbox:
             await self.probe()
 
     async def probe(self) -> None:
-        """Run tiny programs that must show: it runs, the env is clean, no network, the fork limit holds."""
+        """Run tiny programs that must show: it runs, the env is clean, no network, the fork limit holds,
+        the sandbox user is not root outside and no global kernel setting is writable inside."""
         limits = Limits(wall_s=20.0, cpu_s=10.0, processes=8)
         check = (
             "import os, socket, sys\n"
@@ -243,6 +229,31 @@ class Sandbox:
             detail = result.sandbox_error or (result.stderr.strip()[-800:] or f"exit code {result.exit_code}")
             raise SandboxError(f"sandbox probe failed: {detail}; fix bubblewrap (unprivileged user namespaces, "
                                "cgroups) or set sandbox=unsafe explicitly")
+        # the host-safety half: refuse when the sandbox user is root outside or a global sysctl opens for writing
+        result = await self.run(PROBE, b"", limits)
+        problems = probe_problems(parse_probe(result.stdout), self.spawn_uid, await self._outside_uids(limits))
+        if problems:
+            raise SandboxError("unsafe sandbox, refusing to serve: " + "; ".join(problems) +
+                               (f" ({result.sandbox_error or result.stderr.strip()[-300:]})"
+                                if parse_probe(result.stdout) is None else ""))
+
+    async def _outside_uids(self, limits: Limits) -> dict[int, int]:
+        """The host uids of a live sandbox's processes (bwrap, its init, the program)."""
+        spawned = await self.spawn(runner.ONE_SHOT, limits)
+        proc = spawned.proc
+        assert proc.stdin is not None and proc.stdout is not None
+        program = b"import time\nprint('up', flush=True)\ntime.sleep(60)\n"
+        try:
+            proc.stdin.write(len(program).to_bytes(8, "big") + program)
+            await proc.stdin.drain()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.stdout.readline(), limits.wall_s)
+            return host_uids(proc.pid)
+        finally:
+            self.kill(spawned)
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(proc.wait(), 5.0)
+            await self.cleanup(spawned)
 
     def describe(self) -> dict[str, Any]:
         return {"sandbox": self.mode, "seccomp": self.seccomp_filter is not None,
@@ -267,37 +278,23 @@ class Sandbox:
     # ---- commands ---------------------------------------------------------- #
     def _bwrap_args(self, limits: Limits, status_fd: int, seccomp_fd: int | None) -> list[str]:
         assert self.bwrap
+        binds = [Bind(path, path) for path in self.python_binds] + self.package_binds
         # --disable-userns needs a /proc of the sandbox; without one the seccomp filter (which refuses
         # unshare/setns/clone with CLONE_NEW*) is what keeps nested namespaces out
-        no_userns = ["--disable-userns"] if self.proc_mount or self.seccomp_filter is None else []
-        args = [self.bwrap, "--unshare-all", "--unshare-user", *no_userns, "--die-with-parent",
-                "--new-session", "--clearenv", "--setenv", "PATH", _INSIDE_PATH, "--setenv", "HOME", "/tmp",
-                "--setenv", "LANG", "C.UTF-8", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-                "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
-        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-            if os.path.islink(top):
-                args += ["--symlink", os.readlink(top), top]
-            elif os.path.isdir(top):
-                args += ["--ro-bind", top, top]
-        if os.path.exists("/etc/ld.so.cache"):
-            args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-        for path in self.python_binds:
-            args += ["--ro-bind", path, path]
-        args += ["--proc" if self.proc_mount else "--dir", "/proc", "--dev", "/dev",
-                 "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp", "--json-status-fd", str(status_fd)]
-        if seccomp_fd is not None:
-            args += ["--seccomp", str(seccomp_fd)]
-        args += ["--remount-ro", "/"]
-        return args
+        return bwrap_argv(self.bwrap, tmp_mb=limits.tmp_mb, binds=binds, proc=self.proc_mount,
+                          disable_userns=self.proc_mount or self.seccomp_filter is None,
+                          seccomp_fd=seccomp_fd, status_fd=status_fd)
 
     async def spawn(self, script: str, limits: Limits) -> Spawned:
         """Start `python -I -S -c script <limits>` sandboxed, with piped stdio (the program comes on stdin)."""
-        argv_tail = [*limits.runner_args()]
+        # the REPL supervisor stops every other process of its own pid namespace between calls; without
+        # bwrap there is no such namespace, so only the worker's process group
+        argv_tail = [*limits.runner_args(), "all" if self.mode == "bwrap" else "group"]
         fds: list[int] = []
         status_r: int | None = None
         cgroup: list[Path] | None = None
         tmpdir: str | None = None
-        env = {"PATH": _INSIDE_PATH, "LANG": "C.UTF-8"}
+        env = {"PATH": INSIDE_PATH, "LANG": "C.UTF-8"}
         try:
             if self.mode == "unsafe":
                 tmpdir = tempfile.mkdtemp(prefix="gymserve-code-")
@@ -316,16 +313,14 @@ class Sandbox:
             status_r, status_w = os.pipe()
             fds.append(status_w)
             os.set_blocking(status_r, False)
-            argv = [*self._bwrap_args(limits, status_w, seccomp_fd), self.python, "-I", "-S", "-c", script,
-                    *argv_tail]
+            argv = unprivileged([*self._bwrap_args(limits, status_w, seccomp_fd), self.python, "-I", "-S", "-c",
+                                 script, *argv_tail])
             if self.cgroup:
                 total_mb = limits.total_memory_mb or 2 * limits.memory_mb
                 cgroup = self.cgroup.child(limits.processes + 2, total_mb << 20)
-                # the launcher joins the cgroups before exec'ing bwrap, so every descendant is counted
+                # joined as root before the launcher drops root and execs bwrap: every descendant is counted
                 argv = ["/bin/sh", "-c", 'IFS=:; for p in $0; do echo $$ > "$p/cgroup.procs" || exit 125; done; '
                         'exec "$@"', ":".join(map(str, cgroup)), *argv]
-            if self.spawn_uid is not None:
-                argv = _as_uid(self.spawn_uid, argv)
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=env, pass_fds=fds, start_new_session=True, cwd="/")

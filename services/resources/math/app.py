@@ -1,9 +1,11 @@
 """math: NeMo RL's math environment as a resource server.
 
 Reward 1.0/0.0 from math-verify (`math_metric` semantics, see `checker.py`); the reply adds
-`extracted_answer`. Every check runs in the core worker pool: math-verify's SIGALRM timeouts
-only work in a process's main thread, and the pool's hard deadline kills a worker that a
-pathological expression keeps busy past it.
+`extracted_answer`. With `should_use_judge` (NeMo-Gym's `math_with_judge`), an answer that
+math-verify does not find equal is shown to a judge model in both orders (`services/core/judge.py`).
+Every check runs in the core worker pool: math-verify's SIGALRM timeouts only work in a process's
+main thread, and the pool's hard deadline kills a worker that a pathological expression keeps busy
+past it.
 """
 from __future__ import annotations
 
@@ -11,13 +13,15 @@ import asyncio
 from typing import Any, Literal, get_args
 
 from fastapi import FastAPI
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from services.core.errors import BadRequest
 from services.core.failures import FailureKind
+from services.core.judge import (Judge, JudgeConfig, JudgeFailure, PromptTemplate, equal_in_orders,
+                                 judge_failed_reply, question_text)
 from services.core.pool import TaskError, WorkerFailure
 from services.core.replies import exception_reply, failed_reply, scored_reply
-from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
+from services.core.resource import Environment, Session, create_resource_app
 from services.core.schemas import VerifyReply, VerifyRequest
 
 from . import checker
@@ -26,13 +30,42 @@ AnswerFormat = Literal["expression", "number"]
 ANSWER_FORMATS: tuple[str, ...] = get_args(AnswerFormat)
 
 
-class Config(ResourceConfig):
+# The judge's instructions (after Arena Hard's pairwise prompt, as NeMo-Gym's math_with_judge).
+JUDGE_SYSTEM_MESSAGE = """You judge whether two answers to a math problem are mathematically equivalent. \
+You are given assistant A's answer and assistant B's answer. Ignore formatting, wording and units \
+notation; consider only whether both answers state the same mathematical value or object.
+
+Finish with exactly one verdict label:
+- the answers are equivalent: [[A=B]]
+- the answers are different: [[A!=B]]
+
+Example ending: "My final verdict is [[A!=B]]"."""
+JUDGE_PROMPT_TEMPLATE = ("<|Problem|>\n{question}\n\n<|Start of Assistant A's Answer|>\n{first_answer}\n"
+                         "<|End of Assistant A's Answer|>\n\n<|Start of Assistant B's Answer|>\n{second_answer}\n"
+                         "<|End of Assistant B's Answer|>")
+JUDGE_FIELDS = ("question", "first_answer", "second_answer")
+
+
+class Config(JudgeConfig):
+    should_use_judge: bool = Field(False, description="ask judge_model_server when math-verify says not equal "
+                                                      "(NeMo-Gym's math_with_judge); off: math-verify alone")
+    judge_system_message: str | None = Field(JUDGE_SYSTEM_MESSAGE, description="the judge's system message")
+    judge_prompt_template: str = Field(JUDGE_PROMPT_TEMPLATE, description="the judge's user message; fields "
+                                                                          "{question}, {first_answer}, {second_answer}")
     verify_deadline_s: float = Field(15.0, gt=0, description="hard deadline of one check in a worker (backstop)")
     math_verify_timeout_s: int = Field(5, ge=1, description="math-verify's own per-operation timeout (SIGALRM)")
     timeout_policy: Literal["zero", "mask"] = Field(
         "zero", description="a verifier timeout scores 0.0 (zero, NeMo RL's behaviour) or masks the sample")
     batch_chunk: int = Field(0, ge=0, description="/verify/batch items per pool call; 0 = auto (about four "
                                                    "chunks per worker, at most 32 items), 1 = one call per item")
+
+    @model_validator(mode="after")
+    def _judge(self) -> "Config":
+        if self.should_use_judge and self.judge_model_server is None:
+            raise ValueError("should_use_judge: needs judge_model_server (an instance name, "
+                             "{type: responses_api_models, name: ...} or a URL)")
+        PromptTemplate(self.judge_prompt_template, self.judge_system_message, fields=JUDGE_FIELDS)
+        return self
 
 
 def expected_answer(request: VerifyRequest) -> str:
@@ -83,10 +116,30 @@ def balanced_braces(expected: str) -> str:
     return expected
 
 
+def last_boxed(text: str) -> str | None:
+    """The contents of the last complete `\\boxed{...}` (what the judge compares), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 1, start + len("\\boxed{")
+    for i in range(begin, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[begin:i]
+    return None
+
+
 class MathReply(VerifyReply):
-    """A verify reply that always carries `extracted_answer` (null when nothing was extracted)."""
+    """A verify reply that always carries `extracted_answer` (null when nothing was extracted); with the
+    judge on, also math-verify's own `library_reward` and the judge's `judge_evaluations` (null when the
+    judge was not asked)."""
 
     extracted_answer: str | None = None
+    library_reward: float | None = None
+    judge_evaluations: list[dict[str, Any]] | None = None
 
     def dump(self) -> dict[str, Any]:
         out = super().dump()
@@ -112,6 +165,37 @@ class MathEnvironment(Environment):
     needs_pool = True
     description = "Reward 1.0 when math-verify finds the response's answer equal to expected_answer."
     config: Config
+    judge: Judge | None = None
+    judge_template: PromptTemplate
+
+    async def startup(self) -> None:
+        await super().startup()
+        if self.config.should_use_judge:
+            self.judge = Judge(self.config, metrics=self.metrics.judges if self.metrics else None)
+            self.judge_template = PromptTemplate(self.config.judge_prompt_template, self.config.judge_system_message,
+                                                 fields=JUDGE_FIELDS)
+
+    async def judged(self, request: VerifyRequest, reply: VerifyReply) -> VerifyReply:
+        """math-verify's reply, or the judge's when math-verify said not equal (NeMo-Gym's math_with_judge:
+        reward 1 only when the judge says equal in both orders; no `\\boxed{}` answer, no judge)."""
+        if self.judge is None or reply.mask_sample or reply.failure_kind is not None:
+            return reply
+        library_reward = reply.reward
+        extracted = getattr(reply, "extracted_answer", None)
+        boxed = last_boxed(request.text())
+        if library_reward > 0.5 or boxed is None or not boxed.strip():
+            return scored_reply(request, library_reward, model=MathReply, extracted_answer=extracted,
+                                library_reward=library_reward)
+        expected = expected_answer(request)
+        question = question_text(request)
+        orders = [{"question": question, "first_answer": expected, "second_answer": boxed},
+                  {"question": question, "first_answer": boxed, "second_answer": expected}]
+        try:
+            equal, evaluations = await equal_in_orders(self.judge, self.judge_template, orders)
+        except JudgeFailure as exc:
+            return judge_failed_reply(request, exc, extracted_answer=extracted, library_reward=library_reward)
+        return scored_reply(request, 1.0 if equal else 0.0, model=MathReply, extracted_answer=extracted,
+                            library_reward=library_reward, judge_evaluations=evaluations)
 
     def worker_initializer(self) -> Any:
         return checker.init_worker
@@ -141,13 +225,21 @@ class MathEnvironment(Environment):
                                          number_only(request))
         except (WorkerFailure, TaskError) as exc:
             return self.failure(request, exc)
-        return self.reply(request, expected, outcome)
+        return await self.judged(request, self.reply(request, expected, outcome))
 
     async def verify_many(self, requests: list[VerifyRequest]) -> list[VerifyReply]:
+        if self.pool is None:  # item by item through `verify`, which asks the judge itself
+            return await super().verify_many(requests)
+        replies = await self._verify_many(requests)
+        if self.judge is None:
+            return replies
+        # judge questions of a batch go out concurrently: the judge's server batches them
+        return list(await asyncio.gather(*(self.judged(r, reply) for r, reply in zip(requests, replies))))
+
+    async def _verify_many(self, requests: list[VerifyRequest]) -> list[VerifyReply]:
         """Chunks of items per pool call (less IPC and bookkeeping per item than one call each);
         a chunk that times out or crashes is re-run item by item, so only the culprit fails."""
-        if self.pool is None:
-            return await super().verify_many(requests)
+        assert self.pool is not None
         replies: list[VerifyReply | None] = [None] * len(requests)
         work: list[tuple[int, str, bool]] = []
         for i, request in enumerate(requests):

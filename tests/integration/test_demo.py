@@ -8,6 +8,8 @@ import re
 import pytest
 
 from gymserve import demo
+from gymserve.commands.up import DEFAULT_STACK
+from services.core.config import load_stack
 from tests.unit.test_default_stack import outside_the_default_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -34,7 +36,14 @@ def test_demo_collects_and_prints_one_row_per_environment(tmp_path, capsys) -> N
     assert sorted(re.findall(r"^skipping (\w+): ", out, re.M)) == sorted(outside & set(envs)), out[-3000:]
     rows = {env: cells for env, cells in table_rows(out).items() if env in served}
     assert sorted(rows) == served, out[-3000:]
+    stack = load_stack([DEFAULT_STACK])
     for env, (_, rollouts, mean, scored, masked, failures, rate) in rows.items():
+        if "judge_model_server" in stack.servers[env].options and masked == "1":
+            # the 135M policy is the judge here: a reply without a verdict label is honestly masked
+            failure = json.loads((tmp_path / f"{env}_failures.jsonl").read_text())
+            assert (rollouts, scored, failures) == ("1", "0", "upstream: 1") and failure["reward"] is None
+            assert "no verdict label" in failure["failure_reason"] and f"{env}: first failure: " in out
+            continue
         assert (rollouts, scored, masked, failures) == ("1", "1", "0", "none"), (env, rows[env])
         record = json.loads((tmp_path / f"{env}.jsonl").read_text())
         assert isinstance(record["reward"], (int, float)) and record["mask_sample"] is False

@@ -7,9 +7,12 @@ servers started elsewhere registering themselves through `POST /register`.
 """
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
+import os
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from fastapi import FastAPI, Request
@@ -17,15 +20,19 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import Field, ValidationError, field_validator
 
 from services.core.app import create_app, read_json
+from services.core.auth import api_key, trust
 from services.core.config import (DEFAULT_HEAD_PORT, ConfigError, ServerConfig, Stack, describe_validation_error,
                                   interpolate, load_stack, redact)
 from services.core.errors import BadRequest, NotFound
-from services.core.hosts import connect_host, connect_url
+from services.core.hosts import connect_host, connect_url, is_loopback
 from services.core.openapi import describe, list_of
+from services.core.registration import STACK_TOKEN_ENV, STACK_TOKEN_HEADER
 
 from . import dashboard
 from .health import HealthMonitor
+from .nemo_gym import AGENT_TYPE, environment_servers, with_references
 from .proxy import Proxy
+from . import registration_rules as rules
 from .registry import Registration, Registry
 from .schemas import HealthReport, Registered, ServerInstance, Unregistered, UnregisterRequest
 from .training import TrainingLog, TrainingStep
@@ -47,6 +54,9 @@ class Config(ServerConfig):
     proxy_read_timeout_s: float = Field(600.0, gt=0, description="longest silence the proxy waits for")
     # the head only forwards (each server queues its own work): it lets more requests through at once
     max_concurrent_requests: int = Field(1024, gt=0, description="requests handled at once; more wait in order")
+    allowed_hosts: list[str] = Field(default_factory=rules.allowed_hosts,
+                                     description="hosts (names, IPs, CIDRs) a registered server may live on")
+    max_registered: int = Field(256, gt=0, description="servers registered beyond the stack; more get 429")
 
     @field_validator("stack_files", mode="before")
     @classmethod
@@ -69,23 +79,33 @@ def resolve_stack(config: Config) -> Stack:
 def global_config(config: Config, stack: Stack, registry: Registry) -> dict[str, Any]:
     """NeMo-Gym's global config shape: `head_server` plus `{instance: {server_type: {impl: {...}}}}`.
 
-    NeMo-Gym clients find a server's host/port by walking exactly this shape.
+    NeMo-Gym clients find a server's host/port by walking exactly this shape; 0.7.0's collector
+    also needs an environment server in front of each agent (`gateway/nemo_gym.py`).
     """
     out: dict[str, Any] = {"head_server": {"host": connect_host(config.host), "port": config.port,
                                            "url": connect_url(config.host, config.port)}}
     if stack.head.openrlhf_environment or config.openrlhf_environment:
         out["head_server"]["openrlhf_environment"] = config.openrlhf_environment or stack.head.openrlhf_environment
+    agents = []
     for inst in registry.instances():
         impl = inst.kind.rsplit("/", 1)[-1] or inst.name
-        out[inst.name] = {inst.server_type: {impl: {
-            "kind": inst.kind, "host": inst.host, "port": inst.port, "url": inst.url, **inst.options}}}
+        address = {"host": inst.host, "port": inst.port, "url": inst.url}
+        out[inst.name] = {inst.server_type: {impl: {"kind": inst.kind, **address, **with_references(inst.options)}}}
+        if inst.server_type == AGENT_TYPE:
+            agents.append((inst.name, impl, address))
+    out.update(environment_servers(agents, taken=set(out)))
     return redact(out)
 
 
 def build(config: Config) -> FastAPI:
+    if not is_loopback(config.host) and api_key() is None:
+        raise ConfigError(f"host: the head binds {config.host or 'every interface'} without a bearer key; set "
+                          "GYMSERVE_API_KEY or GYMSERVE_API_KEY_FILE (`gymserve up` and `make compose-up` "
+                          "generate one), or bind it to 127.0.0.1")
     stack = resolve_stack(config)
     config = config.model_copy(update={"head_url": None})  # the head does not register with itself
-    registry = Registry(stack)
+    registry = Registry(stack, stack_token=os.environ.get(STACK_TOKEN_ENV) or None,
+                        max_registered=config.max_registered, trusted_hosts=rules.network_hosts())
     proxy = Proxy(registry.get, connect_timeout_s=config.proxy_connect_timeout_s,
                   read_timeout_s=config.proxy_read_timeout_s)
     monitor = HealthMonitor(registry.instances, interval_s=config.health_interval_s,
@@ -98,9 +118,13 @@ def build(config: Config) -> FastAPI:
     app.state.registry = registry
     training = TrainingLog()
 
-    @app.post("/register", **describe(body=Registration, reply=Registered, errors=(422,),
+    @app.post("/register", **describe(body=Registration, reply=Registered, errors=(403, 409, 422, 429),
                                       summary="A server announces itself (and heartbeats)"))
     async def register(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if len(raw) > rules.MAX_REGISTRATION_BYTES:
+            raise BadRequest(f"body: a registration of {len(raw)} bytes; at most {rules.MAX_REGISTRATION_BYTES}",
+                             status_code=413)
         body = await read_json(request)
         if not isinstance(body, dict):
             raise BadRequest("registration must be a JSON object with name, host and port")
@@ -108,16 +132,33 @@ def build(config: Config) -> FastAPI:
             reg = Registration.model_validate(body)
         except ValidationError as exc:
             raise BadRequest(f"invalid registration: {describe_validation_error(exc)}", status_code=422) from None
-        inst = registry.register(reg)
-        return {"status": "registered", "name": inst.name, "url": inst.url, "ttl_s": reg.ttl_s}
+        rules.check_extras(reg.model_extra or {})
+        token = request.headers.get(STACK_TOKEN_HEADER)
+        static = registry.get(reg.name)
+        if not (static is not None and static.static and token):  # the stack's own launcher is trusted
+            where = {}
+            if reg.url:
+                parts = urlsplit(reg.url)
+                try:
+                    port = parts.port or (443 if parts.scheme == "https" else 80)
+                except ValueError:
+                    raise BadRequest(f"url: {reg.url!r} has no valid port", status_code=422) from None
+                where["url"] = (parts.hostname or "", port)
+            where["host"] = (reg.host, reg.port)
+            for field, (host, port) in where.items():
+                await asyncio.to_thread(rules.check_address, field, host, port, rules=config.allowed_hosts,
+                                        head_port=config.port, head_names={config.name.lower(), "head"})
+        inst = registry.register(reg, stack_token=token)
+        return {"status": "registered", "name": inst.name, "url": inst.url, "ttl_s": reg.ttl_s, "lease": inst.lease}
 
-    @app.post("/unregister", **describe(body=UnregisterRequest, reply=Unregistered, errors=(404,)))
+    @app.post("/unregister", **describe(body=UnregisterRequest, reply=Unregistered, errors=(403, 404)))
     async def unregister(request: Request) -> dict[str, Any]:
         body = await read_json(request)
         name = body.get("name") if isinstance(body, dict) else None
         if not isinstance(name, str) or not name:
-            raise BadRequest("expected {\"name\": \"<instance>\"}")
-        if not registry.unregister(name):
+            raise BadRequest("expected {\"name\": \"<instance>\", \"lease\": \"<lease>\"}")
+        lease = body.get("lease") if isinstance(body.get("lease"), str) else None
+        if not registry.unregister(name, lease=lease, stack_token=request.headers.get(STACK_TOKEN_HEADER)):
             raise NotFound(f"no server named {name!r} is registered")
         return {"status": "unregistered", "name": name}
 
@@ -227,13 +268,15 @@ def build(config: Config) -> FastAPI:
                           operation_id=f"proxy_{method.lower()}", **describe(
                               body={"description": "passed on unchanged"} if method in ("POST", "PUT", "PATCH") else None,
                               body_required=False, reply={"description": "the server's own reply"},
-                              errors=(404, 422, 502, 504), passes_4xx=True,
+                              errors=(404, 422, 502, 504, 508), passes_4xx=True,
                               summary="Reverse proxy to a registered server"))
 
     async def resolve_url(name: str) -> str:
         inst = registry.get(name)
         if inst is None:
             raise NotFound(f"no server named {name!r} is registered with the head")
+        if inst.trusted:
+            trust(inst.url)  # the head's own calls (OpenRLHF's /get_reward) carry the key to it
         return inst.url
 
     if importlib.util.find_spec("gateway.openrlhf") is not None:

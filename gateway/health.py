@@ -91,7 +91,7 @@ class HealthMonitor:
             row.update(health="down", error=f"{type(exc).__name__}: {exc}"[:300], latency_ms=None)
         if row["health"] != "down":
             try:
-                page = await self._client.get(f"{inst.url}/metrics", headers=auth_headers())
+                page = await self._client.get(f"{inst.url}/metrics", headers=auth_headers() if inst.trusted else {})
                 if page.status_code == 200:
                     sample = parse_sample(page.text, now_wall)
                     sample.in_flight = max(0.0, sample.in_flight - 1)  # not our own probe

@@ -3,19 +3,28 @@
 Stack instances are static: they stay listed even while down (the launcher restarts
 them on the same port). Servers started elsewhere `POST /register` with a TTL and
 repeat it as a heartbeat; one whose TTL runs out drops out of the list.
+
+Nobody can take over a name: a static instance keeps its stack address unless the
+registration carries the stack token (what `gymserve up` hands its own children and
+its Ray launcher), and a registered name belongs to its first registrant, whose
+heartbeats and unregister carry the lease returned by the first `POST /register`.
 """
 from __future__ import annotations
 
+import hmac
+import secrets
 import time
 from typing import Any
-
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.core.app import server_type_name
+from services.core.errors import GymError
 from services.core.hosts import connect_url
 from services.core.config import Stack
+
+from .nemo_gym import instance_fields
 
 SERVER_TYPES = ("resources_servers", "responses_api_agents", "responses_api_models", "head_server")
 
@@ -33,6 +42,7 @@ class Registration(BaseModel):
     url: str | None = Field(None, max_length=1000, pattern=r"^https?://")
     pid: int | None = Field(None, ge=1)
     ttl_s: float = Field(15.0, gt=0, le=86400)
+    lease: str | None = Field(None, max_length=200, description="the lease a first registration returned")
 
     @model_validator(mode="before")
     @classmethod
@@ -64,7 +74,10 @@ class Instance:
         self.pid: int | None = None
         self.expires: float | None = None  # monotonic time the last heartbeat runs out
         self.registered_at: float | None = None
+        self.started_at = time.time()  # reset when another process registers under the name
         self.extra: dict[str, Any] = {}
+        self.lease: str | None = None
+        self.trusted = static  # the bearer key may be sent to it (a server of the stack or its network)
 
     def alive(self, now: float) -> bool:
         return self.expires is not None and now < self.expires
@@ -86,41 +99,83 @@ class Instance:
             "pid": self.pid,
             "status": self.status(now),
             "static": self.static,
+            "trusted": self.trusted,
             "heartbeat_age_s": None if self.registered_at is None else round(time.time() - self.registered_at, 3),
+            "start_time": self.started_at,
+            **instance_fields(self.name),
         }
 
 
+class Refused(GymError):
+    """A registration or unregister the registry will not take (403, 409 or 429)."""
+
+    error_type = "registration_refused"
+
+
+def _same(given: str | None, expected: str | None) -> bool:
+    return bool(given and expected and hmac.compare_digest(given.encode(), expected.encode()))
+
+
 class Registry:
-    def __init__(self, stack: Stack | None = None) -> None:
+    def __init__(self, stack: Stack | None = None, *, stack_token: str | None = None,
+                 max_registered: int = 256, trusted_hosts: frozenset[str] = frozenset()) -> None:
         self._instances: dict[str, Instance] = {}
+        self.stack_token = stack_token
+        self.max_registered = max_registered
+        self.trusted_hosts = trusted_hosts  # the stack's own network names (compose services, k8s services)
         if stack is not None:
             for name, spec in stack.servers.items():
                 self._instances[name] = Instance(name, spec.kind, spec.host, spec.port, static=True,
                                                  options=spec.options)
 
-    def register(self, reg: Registration) -> Instance:
-        """Add or refresh an instance; a static one keeps its stack options."""
+    def register(self, reg: Registration, *, stack_token: str | None = None) -> Instance:
+        """Add or refresh an instance. A static one is re-pointed only with the stack token; a registered
+        name only by the holder of its lease (until its TTL runs out). Raises `Refused`."""
         now = time.monotonic()
+        self.expire()
         inst = self._instances.get(reg.name)
-        if inst is None or not inst.static:
-            inst = Instance(reg.name, reg.kind, reg.host, reg.port, server_type=reg.server_type, url=reg.url)
-            self._instances[reg.name] = inst
-        else:
-            inst.kind = reg.kind or inst.kind
-            inst.host, inst.port = reg.host, reg.port
-            inst.url = (reg.url or connect_url(reg.host, reg.port)).rstrip("/")
+        url = (reg.url or connect_url(reg.host, reg.port)).rstrip("/")
+        if inst is not None and inst.static:
+            if _same(stack_token, self.stack_token):
+                inst.kind = reg.kind or inst.kind
+                inst.host, inst.port, inst.url = reg.host, reg.port, url
+                if reg.server_type:
+                    inst.server_type = reg.server_type
+            elif (reg.host, reg.port) != (inst.host, inst.port) and url != inst.url:
+                raise Refused(f"name: {reg.name!r} is a server of the head's stack at {inst.url}; "
+                                   "a registration cannot point it elsewhere", status_code=403)
+        elif inst is not None:
+            if not _same(reg.lease, inst.lease):
+                raise Refused(f"name: {reg.name!r} is registered by another server until its heartbeat "
+                                   "runs out; heartbeats need the lease its first registration returned", status_code=409)
+            inst.kind, inst.host, inst.port, inst.url = reg.kind, reg.host, reg.port, url
             if reg.server_type:
                 inst.server_type = reg.server_type
+        else:
+            if sum(1 for i in self._instances.values() if not i.static) >= self.max_registered:
+                raise Refused(f"the registry is full ({self.max_registered} registered servers); "
+                                   "unregister one or wait for a heartbeat to run out", status_code=429)
+            inst = Instance(reg.name, reg.kind, reg.host, reg.port, server_type=reg.server_type, url=reg.url)
+            self._instances[reg.name] = inst
+        if inst.lease is None:
+            inst.lease = reg.lease if not inst.static and reg.lease else secrets.token_urlsafe(24)
+        url_host = (urlsplit(inst.url).hostname or "").lower()
+        inst.trusted = inst.static or (inst.host.lower() in self.trusted_hosts and url_host in self.trusted_hosts)
+        if reg.pid is not None and reg.pid != inst.pid:
+            inst.started_at = time.time()
         inst.pid = reg.pid
         inst.expires = now + reg.ttl_s
         inst.registered_at = time.time()
         inst.extra = {k: v for k, v in (reg.model_extra or {}).items() if isinstance(k, str)}
         return inst
 
-    def unregister(self, name: str) -> bool:
+    def unregister(self, name: str, *, lease: str | None = None, stack_token: str | None = None) -> bool:
+        """Drop `name` (a static one is only marked stale); needs its lease or the stack token."""
         inst = self._instances.get(name)
         if inst is None:
             return False
+        if not (_same(lease, inst.lease) or _same(stack_token, self.stack_token)):
+            raise Refused(f"lease: unregistering {name!r} needs the lease its registration returned", status_code=403)
         if inst.static:
             inst.expires = time.monotonic()  # listed as stale until it registers again
         else:

@@ -22,6 +22,8 @@ class ServerInstance(_Open):
     pid: int | None = None
     status: str = Field(description="registered (heartbeat alive), stale (heartbeat ran out) or configured")
     static: bool = Field(description="listed in the stack file rather than only registered")
+    trusted: bool = Field(False, description="the stack's own (static, or on its network): the head and servers "
+                                              "send the bearer key to it")
     heartbeat_age_s: float | None = None
 
 
@@ -30,10 +32,12 @@ class Registered(_Open):
     name: str
     url: str
     ttl_s: float | None = None
+    lease: str | None = Field(None, description="send it with every heartbeat and with POST /unregister")
 
 
 class UnregisterRequest(_Open):
     name: str
+    lease: str | None = Field(None, description="the lease POST /register returned")
 
 
 class Unregistered(_Open):

@@ -50,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:  # httpx logs every request at INFO: heartbeats and probes would drown the logs
         logging.getLogger("httpx").setLevel(logging.WARNING)
+    from services.core.auth import adopt_default_key
     from services.core.config import ConfigError
+
+    if args.command not in ("serve", "up", "check", "new"):
+        adopt_default_key()  # a client finds the key `gymserve up` generated without the user exporting it
 
     try:
         return int(_command(args.command).run(args) or 0)

@@ -90,11 +90,13 @@ def _limit_rows(rows: list[dict[str, Any]], count: int, max_output_tokens: int) 
 
 async def run_demo(head_url: str, *, rows_per_env: int, max_output_tokens: int, repeats: int,
                    out_dir: Path, datasets: list[Path], concurrency: int = 4) -> list[dict[str, Any]]:
+    from services.core.auth import adopt_default_key, auth_headers
     from trainer.client import RolloutClient, agent_name
     from trainer.collect import collect
     from trainer.jsonl import read_rows
 
-    async with httpx.AsyncClient(trust_env=False) as http:
+    adopt_default_key()  # the key the stack's `gymserve up` generated
+    async with httpx.AsyncClient(trust_env=False, headers=auth_headers()) as http:
         names = {r["name"] for r in (await http.get(f"{head_url}/server_instances", timeout=30)).json()}
     # a few rollouts in flight across all environments: the CPU model batches them, while many long
     # prompts at once (workplace, reasoning_gym) would make every call wait for the slowest prefill

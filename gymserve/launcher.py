@@ -6,7 +6,8 @@ GYMSERVE_SERVER_SPEC environment variable, never argv, because they may hold sec
 and argv is world-readable in /proc. Every child runs in its own process group
 (so stopping it also stops its worker pool and sandboxes) and asks the kernel to
 SIGTERM it when the launcher dies (PR_SET_PDEATHSIG), so nothing is orphaned even
-if the launcher itself is SIGKILLed.
+if the launcher itself is SIGKILLed. A child's environment holds only a base set and
+the variables its spec references (`gymserve.child_env`).
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from services.core.hosts import connect_url
 from services.core.auth import auth_headers
 from services.core.config import ConfigError, Stack, interpolate
 from services.core.loader import available_kinds, free_port, module_name
+
+from .child_env import child_env
 
 LOG_TAIL_LINES = 40
 _PR_SET_PDEATHSIG = 1
@@ -132,15 +135,17 @@ def plan(stack: Stack, *, where: str = "stack") -> list[Child]:
     for name, spec in stack.servers.items():
         spec.port = port_for(f"servers.{name}", spec.host, spec.port)
 
-    base_env = {k: v for k, v in os.environ.items() if k not in ("GYMSERVE_SERVER_SPEC", "GYMSERVE_HEAD_URL")}
-    base_env["PYTHONUNBUFFERED"] = "1"
+    def env_for(spec: Any) -> dict[str, str]:
+        env = {k: v for k, v in child_env(spec).items() if k not in ("GYMSERVE_SERVER_SPEC", "GYMSERVE_HEAD_URL")}
+        return {**env, "PYTHONUNBUFFERED": "1"}
+
     head_url = connect_url(stack.head.host, stack.head.port)
     head_spec = {"stack": stack.model_dump(mode="json")}
     children = [Child("head", "head", stack.head.host, stack.head.port, head_spec,
-                      {**base_env, "GYMSERVE_SERVER_SPEC": json.dumps(head_spec)})]
+                      {**env_for(head_spec), "GYMSERVE_SERVER_SPEC": json.dumps(head_spec)})]
     for name, spec in stack.servers.items():
         children.append(Child(name, spec.kind, spec.host, spec.port, spec.options, {
-            **base_env, "GYMSERVE_SERVER_SPEC": json.dumps(spec.options), "GYMSERVE_HEAD_URL": head_url}))
+            **env_for(spec.options), "GYMSERVE_SERVER_SPEC": json.dumps(spec.options), "GYMSERVE_HEAD_URL": head_url}))
     return children
 
 
@@ -291,7 +296,7 @@ class Launcher:
 
     async def _announce_ready(self, child: Child) -> None:
         proc = child.proc
-        async with httpx.AsyncClient(trust_env=False) as client:
+        async with httpx.AsyncClient(trust_env=False, headers=auth_headers()) as client:
             while not self._stopping and child.proc is proc and proc is not None and proc.returncode is None:
                 if await self._probe(client, child):
                     child.ready = True

@@ -60,9 +60,6 @@ class ServerDeployment:
         """Ray Serve `@serve.deployment` options from the stack entry's scaling fields."""
         spec = self.spec
         actor: dict[str, Any] = {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus}
-        key = api_key()
-        if key:  # replicas on other nodes do not see our environment
-            actor["runtime_env"] = {"env_vars": {"GYMSERVE_API_KEY": key}}
         out: dict[str, Any] = {
             "name": self.name,
             "ray_actor_options": actor,
@@ -88,14 +85,24 @@ def plan_deployments(stack: Stack, *, where: str = "stack") -> tuple[Child, list
     return children[0], deployments
 
 
+def replica_secrets() -> dict[str, str]:
+    """What a replica needs from our environment that is secret: the bearer key."""
+    key = api_key()
+    return {"GYMSERVE_API_KEY": key} if key else {}
+
+
 def _gym_server_class() -> type:
     """The Serve deployment class (built on demand: Ray is an optional dependency)."""
     from ray import serve
 
     @serve.ingress()
     class GymServer:
-        def __init__(self, kind: str, name: str, options: dict[str, Any], head_url: str) -> None:
+        def __init__(self, kind: str, name: str, options: dict[str, Any], head_url: str,
+                     secrets: dict[str, str]) -> None:
             self.kind, self.name, self.options, self.head_url = kind, name, options, head_url
+            # the key travels as a bound argument, not in the runtime_env (shown in Ray's dashboard
+            # and state API): replicas on other nodes do not see our environment
+            os.environ.update(secrets)
 
         def __serve_build_asgi_app__(self) -> Any:
             from gymserve.commands.serve import load_config
@@ -152,6 +159,8 @@ class RayCluster:
         else:
             if self.temp_dir:
                 kwargs["_temp_dir"] = os.path.abspath(self.temp_dir)
+            # a local Ray listens on loopback only: its GCS and dashboard run code for anyone who reaches them
+            kwargs["_node_ip_address"] = os.environ.get("GYMSERVE_RAY_NODE_IP", "127.0.0.1")
             if self.num_cpus is not None:
                 kwargs["num_cpus"] = int(self.num_cpus)
             # replicas are our servers, not background batch work: run them at normal priority
@@ -194,7 +203,8 @@ class RayCluster:
         cls = _gym_server_class()
         targets = []
         for dep in deployments:
-            app = serve.deployment(cls, **dep.deployment_options()).bind(dep.kind, dep.name, dep.options, head_url)
+            app = serve.deployment(cls, **dep.deployment_options()).bind(dep.kind, dep.name, dep.options, head_url,
+                                                                         replica_secrets())
             targets.append(RunTarget(target=app, name=dep.name, route_prefix=f"/{dep.name}"))
         serve.run_many(targets, wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
         self.apps = [d.name for d in deployments]

@@ -82,7 +82,11 @@ class ServerProcess:
         return self._final_log or ""
 
     def headers(self, **extra: str) -> dict[str, str]:
+        """The server's own key (GYMSERVE_API_KEY, else its GYMSERVE_API_KEY_FILE) as a bearer header."""
         key = self.env.get("GYMSERVE_API_KEY")
+        if not key and self.env.get("GYMSERVE_API_KEY_FILE"):
+            with contextlib.suppress(OSError):
+                key = Path(self.env["GYMSERVE_API_KEY_FILE"]).read_text().strip()
         return {**({"Authorization": f"Bearer {key}"} if key else {}), **extra}
 
     def post(self, path: str, json: Any = None, **kwargs: Any) -> httpx.Response:

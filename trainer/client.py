@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
+from services.core.auth import adopt_default_key
 from services.core.client import ServiceClient
 from services.core.redaction import redact_text
 from services.core.directory import Directory
@@ -38,6 +39,14 @@ def agent_name(row: dict[str, Any]) -> str | None:
     if isinstance(ref, dict) and isinstance(ref.get("name"), str) and ref["name"]:
         return ref["name"]
     return None
+
+
+def route_to(rows: list[dict[str, Any]], agent: str) -> tuple[list[dict[str, Any]], int]:
+    """Every row sent to `agent` (NeMo-Gym's `+agent_name`: rows need no `agent_ref`, and one they
+    carry is overridden); also how many rows named another agent."""
+    ref = {"type": "responses_api_agents", "name": agent}
+    overridden = sum(1 for row in rows if agent_name(row) not in (None, agent))
+    return [{**row, "agent_ref": dict(ref)} for row in rows], overridden
 
 
 def failure_record(row: dict[str, Any], kind: FailureKind, reason: str) -> dict[str, Any]:
@@ -72,6 +81,7 @@ class RolloutClient:
     def __init__(self, head_url: str | None = None, *, agents: dict[str, str] | None = None,
                  concurrency: int = 32, deadline_s: float = 900.0, retries: int = 2,
                  client: ServiceClient | None = None) -> None:
+        adopt_default_key()  # the key `gymserve up` generated, when none is given
         # its own pool sized to the concurrency: no more connections than rollouts in flight
         self._owns_client = client is None
         self.client = client or ServiceClient(max_connections=max(8, int(concurrency) + 4))

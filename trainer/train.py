@@ -217,7 +217,7 @@ def weight_sync(config: TrainConfig, args: Any, head_url: str) -> WeightSync | N
         return None
     log.info("weight sync: policy server %s at %s, max_policy_lag=%d", name, url,
              int(options.get("max_policy_lag", 0)))
-    return WeightSync(url, max_policy_lag=int(options.get("max_policy_lag", 0)))
+    return WeightSync(url, max_policy_lag=int(options.get("max_policy_lag", 0)), required=enabled is True)
 
 
 def build_trainer(config: TrainConfig):

@@ -7,6 +7,12 @@ its weights as one safetensors file in shared memory (`/dev/shm`) and sends only
 and the version to `POST /v1/weights`; the server swaps them in between generations.
 The first batch always syncs, so a server left over from an earlier run is reset too.
 
+The server only moves its version forward (an older or equal one is a 409), so the version
+sent for step `s` is `s + offset`, with `offset` chosen at the first sync to put step 0 past
+the server's current version (1 on a fresh server). `server_version` and lags are in steps.
+The policy server must run with `accept_weights=true` (training stacks set it; it is off by
+default so nobody else can replace the policy).
+
 With `use_vllm: true` TRL syncs vLLM itself and this class stays idle.
 """
 from __future__ import annotations
@@ -60,15 +66,18 @@ class WeightSync:
     """Pushes the trainer's weights to one models/hf server when its version lags too far."""
 
     def __init__(self, url: str, *, max_policy_lag: int = 0, directory: str | Path | None = None,
-                 timeout_s: float = 300.0) -> None:
+                 timeout_s: float = 300.0, required: bool = True) -> None:
         if max_policy_lag < 0:
             raise ValueError("max_policy_lag must be >= 0")
         self.url = url.rstrip("/")
         self.max_policy_lag = max_policy_lag
         self.directory = Path(directory) if directory else shared_dir()
         self.timeout_s = timeout_s
-        self.server_version: int | None = None  # unknown until the first sync
+        self.server_version: int | None = None  # in trainer steps; unknown until the first sync
+        self.offset: int | None = None  # server version = trainer step + offset
         self.syncs = 0
+        self.required = required  # False (enabled: auto): a server with weight updates off only warns
+        self.disabled = False
 
     def weights_version(self) -> int:
         """The server's current `weights_version` (from `GET /v1/models`)."""
@@ -77,12 +86,17 @@ class WeightSync:
 
     def before_rollout(self, model: Any, step: int) -> SyncResult:
         """Sync when the server is unknown (first batch) or more than `max_policy_lag` behind `step`."""
+        if self.disabled:
+            return SyncResult(self.server_version or 0, synced=False)
         if self.server_version is not None and step - self.server_version <= self.max_policy_lag:
             return SyncResult(self.server_version, synced=False)
         return self.push(model, step)
 
-    def push(self, model: Any, version: int) -> SyncResult:
+    def push(self, model: Any, step: int) -> SyncResult:
         started = time.perf_counter()
+        if self.offset is None:
+            self.offset = max(0, self.weights_version() + 1 - step)
+        version = step + self.offset
         path = self.directory / f"gymserve-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}.safetensors"
         try:
             save_tensors(model.state_dict(), path)
@@ -90,10 +104,19 @@ class WeightSync:
                                   headers=auth_headers(), timeout=self.timeout_s)
         finally:
             path.unlink(missing_ok=True)
+        if response.status_code in (403, 404) and not self.required:
+            log.warning("NO WEIGHT SYNC: the policy server has weight updates off (start it with "
+                        "accept_weights=true); rollouts become off-policy after the first step")
+            self.disabled = True
+            return SyncResult(self.server_version or 0, synced=False)
+        if response.status_code in (403, 404):
+            raise WeightSyncError(f"the policy server does not take weight updates ({response.status_code}): start "
+                                  "it with accept_weights=true (e.g. gymserve up servers.policy_model.accept_weights"
+                                  f"=true): {response.text[:300]}")
         if response.status_code != 200:
             raise WeightSyncError(f"the policy server refused the weights ({response.status_code}): "
                                   f"{response.text[:500]}")
-        self.server_version = int(response.json()["weights_version"])
+        self.server_version = int(response.json()["weights_version"]) - self.offset
         self.syncs += 1
         seconds = time.perf_counter() - started
         log.info("policy server now on weights version %d (%.2fs)", self.server_version, seconds)
@@ -130,7 +153,8 @@ class PolicyHooks:
         if not versions:
             return
         step = int(trainer.state.global_step)
-        lags = [step - v for v in versions]
+        offset = self.sync.offset if self.sync is not None and self.sync.offset is not None else 0
+        lags = [step - (v - offset) for v in versions]
         metrics = self._metrics(trainer)
         metrics["policy/weights_version"].append(float(min(versions)))
         metrics["policy/lag_mean"].append(sum(lags) / len(lags))

@@ -11,7 +11,7 @@ from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-i", "--input", required=True, help="dataset rows (JSONL) with agent_ref")
+    parser.add_argument("-i", "--input", required=True, help="dataset rows (JSONL) with agent_ref (or use --agent)")
     parser.add_argument("-o", "--output", required=True, help="rollouts JSONL (failures and metrics go next to it)")
     parser.add_argument("--head", default=None, help="head URL (default: $GYMSERVE_HEAD_URL or http://127.0.0.1:11000)")
     parser.add_argument("--repeats", type=int, default=1, help="rollouts per row (for pass@k and GRPO groups)")
@@ -20,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds per rollout, retries included")
     parser.add_argument("--retries", type=int, default=2, help="retries of a rollout whose agent is unreachable")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N rows")
+    parser.add_argument("--agent", default=None, metavar="NAME",
+                        help="send every row to this agent instance, as NeMo-Gym's +agent_name (rows need no agent_ref)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (plain summary only)")
 
 
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trainer.client import RolloutClient, is_failure
+    from trainer.client import RolloutClient, is_failure, route_to
     from trainer.collect import collect, sibling
     from trainer.jsonl import JsonlError, read_rows
 
@@ -61,6 +63,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.limit is not None:
         rows = rows[: args.limit]
+    if args.agent:
+        rows, overridden = route_to(rows, args.agent)
+        if overridden:
+            console.print(f"gymserve collect: --agent {args.agent} overrides the agent_ref of {overridden} rows",
+                          markup=False)
     client = RolloutClient(args.head, concurrency=args.concurrency, deadline_s=args.deadline, retries=args.retries)
     source = "--head" if args.head else ("$GYMSERVE_HEAD_URL" if os.environ.get("GYMSERVE_HEAD_URL") else "the default")
     print(f"head: {client.directory.head_url} (from {source})", flush=True)

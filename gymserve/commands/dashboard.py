@@ -5,6 +5,10 @@ the head answers `/dashboard` with 401. This command serves a read-only forwarde
 loopback address of this machine that adds the key (from GYMSERVE_API_KEY or
 GYMSERVE_API_KEY_FILE) to GET requests and passes them to the head. The key never reaches the
 browser; anything else than GET/HEAD is refused, so the forwarder gives no write access.
+
+Only the dashboard is forwarded (its page, data and static files, plus the probes), never the
+config, the registry or the proxy; and only to requests whose Host header is a loopback name,
+so a web page on another origin cannot read it through DNS rebinding.
 """
 from __future__ import annotations
 
@@ -26,6 +30,22 @@ from services.core.config import DEFAULT_HEAD_PORT, ConfigError
 DEFAULT_PORT = 11080
 # reply headers that describe the upstream connection, not the content
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"})
+FORWARDED_PATHS = frozenset({"/", "/health", "/ready", "/dashboard", "/dashboard/data"})
+FORWARDED_PREFIXES = ("/dashboard/static/",)
+
+
+def loopback_name(host: str) -> bool:
+    """True for a Host header naming this machine's loopback (`localhost`, 127.0.0.0/8, [::1]), any port."""
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") and host.count(":") == 1 else host
+    name = name.strip().lower()
+    if name.startswith("["):
+        name = name[1:].split("]", 1)[0]
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,9 +60,17 @@ def build(head: str, headers: dict[str, str]) -> Starlette:
     client = httpx.AsyncClient(base_url=head, headers=headers, timeout=30.0, trust_env=False)
 
     async def forward(request: Request) -> Response:
+        host = request.headers.get("host", "")
+        if not loopback_name(host):
+            return JSONResponse({"detail": f"Host {host!r}: the dashboard forwarder answers loopback names only"},
+                                status_code=403)
         if request.method not in ("GET", "HEAD"):
             return JSONResponse({"detail": f"{request.method}: the dashboard forwarder is read-only (GET only)"},
                                 status_code=405, headers={"allow": "GET, HEAD"})
+        path = request.url.path
+        if path not in FORWARDED_PATHS and not path.startswith(FORWARDED_PREFIXES):
+            return JSONResponse({"detail": f"{path}: the dashboard forwarder passes on the dashboard only"},
+                                status_code=404)
         try:
             upstream = await client.request(request.method, request.url.path, params=request.query_params)
         except httpx.HTTPError as exc:

@@ -193,10 +193,11 @@ def _check_agent(report: Report, pool: Servers, kind: str, options: list[str]) -
 def _check_model(report: Report, pool: Servers, kind: str, options: list[str]) -> None:
     procs = []
     if kind == "models/openai_proxy" and not any(o.startswith(("base_url=", "base_urls=")) for o in options):
-        # No upstream given: the stub stands in, reached in Responses pass-through mode.
+        # No upstream given: the stub stands in, reached in Responses pass-through mode. An upstream
+        # never gets our key by itself: it is configured as the upstream's own key.
         upstream = pool.process("models/stub", "text=hello")
         procs.append(upstream)
-        options = [f"base_url={upstream.url}", "upstream_api=responses", *options]
+        options = [f"base_url={upstream.url}", "upstream_api=responses", "api_key=${GYMSERVE_API_KEY}", *options]
     model = pool.process(kind, *options)
     pool.start(*procs, model)
     probe = Probe(model.url, pool.key)

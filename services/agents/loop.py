@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from services.core.auth import trust
 from services.core.client import ServiceClient, shared_client
 from services.core.config import ServerConfig, describe_validation_error
 from services.core.content import content_text
@@ -96,6 +97,8 @@ class Upstream:
         self.role = role
         self.name = name
         self.fixed = url.rstrip("/") if url else None
+        if self.fixed:
+            trust(self.fixed)  # a URL in the server's own configuration is the stack's: it gets the key
         self.directory = directory
         self.client = client
 
@@ -461,20 +464,34 @@ class Rollout:
 
     # ---- results ---------------------------------------------------------- #
     def response_object(self) -> dict[str, Any]:
-        """The whole trajectory as one Responses API object (what `/verify` judges)."""
-        last = self.last_response
-        response: dict[str, Any] = {
+        """The whole trajectory as one complete Responses API object (what `/verify` judges).
+
+        Every field of the object is present (NeMo-Gym's resources servers validate them all);
+        the sampling fields are the request's, as an OpenAI server reports them.
+        """
+        last, params = self.last_response, self.params
+        completed = self.stop_reason in ("completed", "terminated")
+        metadata = last.get("metadata")
+        return {
             "id": last.get("id") or f"resp_{uuid.uuid4().hex[:24]}",
             "object": "response",
             "created_at": last.get("created_at") or time.time(),
-            "model": last.get("model") or self.params.get("model") or self.config.model,
-            "status": "completed" if self.stop_reason in ("completed", "terminated") else "incomplete",
+            "model": last.get("model") or params.get("model") or self.config.model,
+            "status": "completed" if completed else "incomplete",
+            "error": None,
+            "incomplete_details": None if completed else {"reason": self.stop_reason},
+            "instructions": params.get("instructions"),
+            "metadata": metadata if isinstance(metadata, dict) else {},
             "output": self.items,
-            "usage": dict(self.usage),
+            "parallel_tool_calls": params.get("parallel_tool_calls", True),
+            "temperature": params.get("temperature"),
+            "top_p": params.get("top_p"),
+            "tool_choice": params.get("tool_choice") or "auto",
+            "tools": params.get("tools") or [],
+            "max_output_tokens": params.get("max_output_tokens"),
+            "usage": {**self.usage, "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens_details": {"reasoning_tokens": 0}},
         }
-        if response["status"] != "completed":
-            response["incomplete_details"] = {"reason": self.stop_reason}
-        return response
 
     def extras(self) -> dict[str, Any]:
         return {"num_turns": self.num_turns, "session_id": self.session_id, "stop_reason": self.stop_reason}

@@ -73,7 +73,7 @@ async def _stream(agent: Agent, body: dict[str, Any], sid: str | None) -> Respon
     url = await agent.model.base() + "/v1/responses"
     client = shared_client()  # streaming needs httpx's streamed responses
     http = client.http
-    request = http.build_request("POST", url, json=body, headers=client.headers(None, sid),
+    request = http.build_request("POST", url, json=body, headers=client.headers(None, sid, url),
                                  timeout=agent.config.step_deadline_s)
     try:
         upstream = await http.send(request, stream=True)

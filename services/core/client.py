@@ -88,9 +88,10 @@ class ServiceClient:
             await self._http.aclose()
         self._session = self._http = None
 
-    def headers(self, headers: dict[str, str] | None = None, session_id: str | None = None) -> dict[str, str]:
-        """Auth and session headers for a call, plus `headers`."""
-        merged = auth_headers()
+    def headers(self, headers: dict[str, str] | None = None, session_id: str | None = None,
+                url: str | None = None) -> dict[str, str]:
+        """Auth (only for a trusted origin, see `services.core.auth`) and session headers, plus `headers`."""
+        merged = auth_headers(url or "")
         if session_id:
             merged["X-Session-Id"] = session_id
         if headers:
@@ -108,7 +109,7 @@ class ServiceClient:
         budget = deadline_s if deadline_s is not None else self.deadline_s
         deadline = time.monotonic() + budget
         attempts = 1 + (self.retries if retries is None else retries)
-        hdrs = self.headers(headers, session_id)
+        hdrs = self.headers(headers, session_id, url)
         data = content
         if json is not None:
             data = jsonlib.dumps(json, separators=(",", ":")).encode()

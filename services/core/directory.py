@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
+from .auth import trust
 from .client import ServiceClient, shared_client
 from .errors import UpstreamError
 from .failures import FailureKind
@@ -25,6 +26,8 @@ class Directory:
                  via_head: Literal["never", "auto"] = "never", probe_s: float = 3.0) -> None:
         self.head_url = head_url.rstrip("/") if head_url else None
         self.static = dict(static or {})
+        for url in [self.head_url or "", *self.static.values()]:
+            trust(url)  # the key goes to the head and to configured URLs, not to self-registered ones
         self.client = client or shared_client()
         self.ttl_s = ttl_s
         self.via_head = via_head
@@ -37,6 +40,9 @@ class Directory:
         if self.head_url and (refresh or time.monotonic() - self._fetched > self.ttl_s):
             rows = await self.client.get_json(f"{self.head_url}/server_instances", deadline_s=10.0)
             self._cache = {row["name"]: row for row in rows if isinstance(row, dict) and "name" in row}
+            for row in self._cache.values():
+                if (row.get("trusted") or row.get("static")) is True and isinstance(row.get("url"), str):
+                    trust(row["url"])  # started by the stack (or on its own network)
             self._fetched = time.monotonic()
         return self._cache
 

@@ -7,6 +7,7 @@ from collections import Counter, defaultdict
 from typing import Any, Iterable
 
 from .errors import BadRequest
+from .metrics_nemo import nemo_gym_metrics
 
 _LIST_KEYS = ("verify_responses", "responses", "rollouts", "results", "items")
 
@@ -72,6 +73,7 @@ def aggregate_metrics(body: Any, *, pass_threshold: float | None = None) -> dict
     }
     out.update({f"{k}_reward": v for k, v in out["reward"].items()})
     out.update(_pass_at(groups.values(), threshold))
+    out.update(nemo_gym_metrics(rows, rewards))
     return out
 
 

@@ -42,6 +42,7 @@ ERRORS: dict[int, str] = {
     400: "Malformed JSON, JSON nested deeper than max_json_depth, or a body or field the endpoint cannot accept "
          "(a wrong type anywhere in a Responses object included); the message names the field.",
     401: "GYMSERVE_API_KEY is set and the request has no valid `Authorization: Bearer` header.",
+    403: "Not allowed whatever the key: e.g. re-pointing a server of the head's stack, or weight updates that are off.",
     404: "No such resource (e.g. an unknown server name on the head).",
     408: "The request's headers or body did not arrive within header_timeout_s / body_timeout_s (a slow client).",
     409: "Unknown, closed or expired session (seed a new one), or a session another caller holds.",
@@ -51,6 +52,7 @@ ERRORS: dict[int, str] = {
     502: "Another server this call depends on failed or answered something unusable.",
     503: "Not ready yet, or overloaded: retry later.",
     504: "A call this request depends on ran out of time.",
+    508: "The request came back to the head that forwarded it (a registered URL points at the head).",
 }
 # What any endpoint can answer whatever it does.
 COMMON_ERRORS = (400, 401, 408, 413)

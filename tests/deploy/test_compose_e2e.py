@@ -40,6 +40,11 @@ class Stack:
         self.project, self.port, self.env = project, port, env
         self.head = f"http://127.0.0.1:{port}"
 
+    @property
+    def auth(self) -> dict[str, str]:
+        """The key `compose.sh up` generated (no GYMSERVE_API_KEY given)."""
+        return {"Authorization": f"Bearer {Path(self.env['GYMSERVE_API_KEY_FILE']).read_text().strip()}"}
+
     def script(self, *args: str, timeout: float = 2400, **extra_env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["bash", "deploy/docker/compose.sh", *args], cwd=ROOT, env={**self.env, **extra_env},
                               timeout=timeout, text=True, capture_output=True)
@@ -65,7 +70,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     project = f"gymserve-e2e-{os.getpid()}"
     env = {**os.environ, "COMPOSE_PROJECT_NAME": project, "GYMSERVE_HEAD_PORT": str(_free_port()),
            "GYMSERVE_HEAD_BIND": "127.0.0.1", "GYMSERVE_ENGINE_PIDFILE": str(pidfile),
-           "GYMSERVE_UP_TIMEOUT_S": "900"}
+           "GYMSERVE_UP_TIMEOUT_S": "900", "GYMSERVE_API_KEY": "",
+           # the generated key goes to files of this test, not the checkout's .env or the user's key file
+           "GYMSERVE_ENV_FILE": str(tmp / "compose.env"), "GYMSERVE_API_KEY_FILE": str(tmp / "api_key")}
     env.pop("GYMSERVE_HEAD_URL", None)
     st = Stack(project, int(env["GYMSERVE_HEAD_PORT"]), env)
     try:
@@ -103,6 +110,7 @@ def _collect(stack: Stack, rows: list[dict[str, Any]], tmp: Path, *, repeats: in
              ) -> subprocess.Popen[str]:
     (tmp / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     env = {k: v for k, v in os.environ.items() if k != "GYMSERVE_HEAD_URL"}
+    env["GYMSERVE_API_KEY_FILE"] = stack.env["GYMSERVE_API_KEY_FILE"]  # found like the user's key file
     return subprocess.Popen([sys.executable, "-m", "gymserve", "collect", "-i", str(tmp / "rows.jsonl"),
                              "-o", str(tmp / "out.jsonl"), "--head", stack.head, "--repeats", str(repeats),
                              "--concurrency", "8", "--deadline", "600", "--no-progress"],
@@ -130,7 +138,7 @@ def test_every_service_is_healthy_and_only_the_head_is_published(stack: Stack):
     services = set(stack.docker("ps", "--filter",
                                 f"label=com.docker.compose.project={stack.project}", "--format",
                                 '{{.Label "com.docker.compose.service"}}').split())
-    listed = {row["name"] for row in httpx.get(f"{stack.head}/server_instances", timeout=10).json()}
+    listed = {row["name"] for row in httpx.get(f"{stack.head}/server_instances", headers=stack.auth, timeout=10).json()}
     assert {"policy_model", "reward_model", "math", "math_simple_agent", "code", "workplace"} <= services
     assert services - {"head"} <= listed, sorted(services - listed)
     for container in stack.containers():
@@ -144,12 +152,12 @@ def test_every_service_is_healthy_and_only_the_head_is_published(stack: Stack):
         else:
             assert not bound, (service, bound)
     # the registered URLs are the in-network names: not reachable from here, hence the proxy
-    urls = {row["name"]: row["url"] for row in httpx.get(f"{stack.head}/server_instances", timeout=10).json()}
+    urls = {row["name"]: row["url"] for row in httpx.get(f"{stack.head}/server_instances", headers=stack.auth, timeout=10).json()}
     assert urls["math_simple_agent"] == "http://math_simple_agent:8000"
 
 
 def test_collect_from_the_host_scores_every_environment(stack: Stack, tmp_path: Path):
-    agents = {row["name"] for row in httpx.get(f"{stack.head}/server_instances", timeout=10).json()}
+    agents = {row["name"] for row in httpx.get(f"{stack.head}/server_instances", headers=stack.auth, timeout=10).json()}
     by_env = _example_rows(agents)
     assert len(by_env) >= 9, sorted(by_env)
     rows = [r for env_rows in by_env.values() for r in env_rows]
@@ -170,7 +178,7 @@ def test_collect_from_the_host_scores_every_environment(stack: Stack, tmp_path: 
 def test_a_crashed_resource_container_loses_and_fabricates_nothing_and_comes_back(stack: Stack, tmp_path: Path):
     """SIGKILL of the math container's init process mid-collect (a crash, like an OOM kill; `docker kill`
     itself counts as a manual stop, which restart policies leave down)."""
-    agents = {row["name"] for row in httpx.get(f"{stack.head}/server_instances", timeout=10).json()}
+    agents = {row["name"] for row in httpx.get(f"{stack.head}/server_instances", headers=stack.auth, timeout=10).json()}
     rows = _example_rows(agents)["math"]
     repeats = 4
     (container,) = stack.containers("math")

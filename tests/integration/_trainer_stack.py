@@ -11,11 +11,11 @@ from gymserve.testing import ServerProcess
 
 
 @contextlib.contextmanager
-def small_stack(servers: list[tuple[str, str, list[str]]], *, ready_timeout_s: float = 180.0
-                ) -> Iterator[tuple[ServerProcess, dict[str, ServerProcess]]]:
-    """Start the head, then each `(kind, name, overrides)` with GYMSERVE_HEAD_URL set; wait until
-    the head lists all of them. Yields (head, {name: process}); stops everything on exit."""
-    head = ServerProcess("head", name="head").start()
+def small_stack(servers: list[tuple[str, str, list[str]]], *, ready_timeout_s: float = 180.0,
+                head_env: dict[str, str] | None = None) -> Iterator[tuple[ServerProcess, dict[str, ServerProcess]]]:
+    """Start the head (with `head_env`), then each `(kind, name, overrides)` with GYMSERVE_HEAD_URL set;
+    wait until the head lists all of them. Yields (head, {name: process}); stops everything on exit."""
+    head = ServerProcess("head", name="head", env=head_env).start()
     started: dict[str, ServerProcess] = {}
     try:
         env = {"GYMSERVE_HEAD_URL": head.url}

@@ -19,6 +19,8 @@ import pytest
 from tests.integration.up_helpers import Up
 
 ROOT = Path(__file__).resolve().parents[2]
+KEY = "agents-e2e-key-3b9d"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def rows(env: str, n: int) -> list[dict]:
@@ -29,7 +31,7 @@ def rows(env: str, n: int) -> list[dict]:
 def start(tmp_path: Path, stack: str, servers: int, timeout_s: float) -> Up:
     path = tmp_path / "stack.yaml"
     path.write_text(stack)
-    up = Up("-c", str(path))
+    up = Up("-c", str(path), env={"GYMSERVE_API_KEY": KEY})
     try:
         up.wait_for(rf"all {servers} servers ready", timeout_s=timeout_s)
         up.head = up.wait_for(r"head on (http://\S+)").group(1)
@@ -41,7 +43,7 @@ def start(tmp_path: Path, stack: str, servers: int, timeout_s: float) -> Up:
 
 def run_via_head(head: str, row: dict, timeout_s: float = 600.0) -> dict:
     agent = row["agent_ref"]["name"]
-    response = httpx.post(f"{head}/servers/{agent}/run", json=row, timeout=timeout_s)
+    response = httpx.post(f"{head}/servers/{agent}/run", json=row, headers=AUTH, timeout=timeout_s)
     assert response.status_code == 200, response.text[:2000]
     return response.json()
 
@@ -184,10 +186,13 @@ def test_moved_server_is_found_again_by_name():
     env = {"GYMSERVE_HEAD_URL": ""}
     with ServerProcess("head", env=env) as head, ServerProcess("models/stub", "text=Paris", env=env) as stub, \
             ServerProcess("resources/exact_match", env=env) as em:
-        def register(name: str, port: int) -> None:
+        leases: dict[str, str] = {}
+
+        def register(name: str, port: int) -> None:  # the same registrant each time: it holds the lease
             r = head.post("/register", {"name": name, "host": "127.0.0.1", "port": port, "ttl_s": 600,
-                                        "kind": "resources/exact_match"})
+                                        "kind": "resources/exact_match", "lease": leases.get(name)})
             assert r.status_code == 200, r.text
+            leases[name] = r.json()["lease"]
 
         register("stub_model", stub.port)
         register("em", free_port())  # nothing listens there

@@ -128,15 +128,17 @@ def test_proxy_errors_name_the_server(head, hang_port):
     r = head.post("/servers/nobody/verify", json={})
     assert r.status_code == 404 and "nobody" in r.json()["detail"]
     dead_port = free_port()
-    head.post("/register", json={"name": "dead", "host": "127.0.0.1", "port": dead_port, "ttl_s": 60})
+    leases = {"dead": head.post("/register", json={"name": "dead", "host": "127.0.0.1", "port": dead_port,
+                                                   "ttl_s": 60}).json()["lease"]}
     r = head.get("/servers/dead/health")
     assert r.status_code == 502 and "dead" in r.json()["detail"]
-    head.post("/register", json={"name": "hangs", "host": "127.0.0.1", "port": hang_port, "ttl_s": 60})
+    leases["hangs"] = head.post("/register", json={"name": "hangs", "host": "127.0.0.1", "port": hang_port,
+                                                   "ttl_s": 60}).json()["lease"]
     r = head.get("/servers/hangs/health")
     assert r.status_code == 504 and "hangs" in r.json()["detail"]
     assert "within the 1s read timeout" in r.json()["detail"]  # proxy_read_timeout_s, not the 600 s default
     for name in ("dead", "hangs"):
-        assert head.post("/unregister", json={"name": name}).status_code == 200
+        assert head.post("/unregister", json={"name": name, "lease": leases[name]}).status_code == 200
 
 
 def test_aggregated_health_and_dashboard(head):
@@ -164,5 +166,7 @@ def test_register_with_url_only(head, upstream):
     assert head.get("/servers/by_url/health").json() == {"status": "ok"}
     bad = head.post("/register", json={"name": "bad_url", "url": "ftp://x"})
     assert bad.status_code == 422 and "url" in bad.json()["detail"]
-    assert head.post("/unregister", json={"name": "by_url"}).status_code == 200
-    assert head.post("/unregister", json={"name": "by_url"}).status_code == 404
+    lease = r.json()["lease"]
+    assert head.post("/unregister", json={"name": "by_url"}).status_code == 403  # only its registrant
+    assert head.post("/unregister", json={"name": "by_url", "lease": lease}).status_code == 200
+    assert head.post("/unregister", json={"name": "by_url", "lease": lease}).status_code == 404

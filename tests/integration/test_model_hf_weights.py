@@ -21,7 +21,7 @@ def tiny_folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tiny_folder):
     with ServerProcess("models/hf", f"model={tiny_folder}", "max_batch_size=4", "max_model_len=512",
-                       "default_max_tokens=8", "torch_threads=1") as proc:
+                       "default_max_tokens=8", "torch_threads=1", "accept_weights=true") as proc:
         yield proc
 
 
@@ -57,13 +57,14 @@ def test_push_changes_the_sampling_policy_and_versions(server, tiny_folder) -> N
             p.add_(torch.randn_like(p) * 0.05)
     sync = WeightSync(server.url, max_policy_lag=1)
     assert sync.before_rollout(model, 0).synced  # the first batch always syncs
-    assert sync.server_version == 0
+    assert sync.server_version == 0 and sync.offset == 1  # versions only move forward: step 0 is version 1
+    assert _version(server.url) == (1, 1)
     assert not sync.before_rollout(model, 1).synced  # lag 1 is allowed
     result = sync.before_rollout(model, 2)  # lag 2 is not
     assert result.synced and result.version == 2
-    assert _version(server.url) == (2, 2)
+    assert _version(server.url) == (3, 3)
     item = _respond(server.url)
-    assert item["policy_version"] == 2
+    assert item["policy_version"] == 3
     ours = _local_logprobs(model, item["prompt_token_ids"], item["generation_token_ids"])
     assert max(abs(a - b) for a, b in zip(ours, item["generation_log_probs"])) < 1e-3
 

@@ -121,13 +121,13 @@ def test_a_failed_sandbox_is_masked_not_zero(server: ServerProcess) -> None:
     server.post("/close_session", {}, headers=h)
 
 
-def test_max_sessions_is_a_503_not_a_hang() -> None:
+def test_max_sessions_is_a_429_not_a_hang() -> None:
     with sandbox_dir() as where, ServerProcess("resources/terminal", "max_sessions=1", "warm_pool=0",
                                                env={"GYMSERVE_SANDBOX_DIR": str(where)}) as env:
         first = env.post("/seed_session", ROWS["hello_file"])
         assert first.status_code == 200
         second = env.post("/seed_session", ROWS["hello_file"])
-        assert second.status_code == 503 and "max_sessions" in second.text
+        assert second.status_code == 429 and "max_sessions" in second.text
         env.post("/close_session", {}, headers={"X-Session-Id": first.json()["session_id"]})
         assert env.post("/seed_session", ROWS["hello_file"]).status_code == 200
         env.stop()

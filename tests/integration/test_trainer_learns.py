@@ -29,7 +29,7 @@ MIN_RISE = 0.25
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_learn_cpu_reward_rises_and_weights_version_advances(tmp_path):
-    servers = [("models/hf", "policy_model", []),
+    servers = [("models/hf", "policy_model", ["accept_weights=true"]),
                ("resources/math", "math", []),
                ("agents/simple_agent", "math_simple_agent", ["resources_server=math", "model_server=policy_model"])]
     out = tmp_path / "run"
@@ -43,7 +43,9 @@ def test_learn_cpu_reward_rises_and_weights_version_advances(tmp_path):
                                 cwd=REPO, env=env, capture_output=True, text=True, timeout=1100)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
         version = httpx.get(f"{policy}/stats", timeout=30).json()["weights_version"]
-    assert version == STEPS  # synced before every batch, and once more with the final weights
+    # synced before every batch, and once more with the final weights; versions only move forward, so
+    # trainer step k is server version k + 1 on a fresh server (at version 0)
+    assert version == STEPS + 1
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "reward" in s and "loss" in s]
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
@@ -55,7 +57,7 @@ def test_learn_cpu_reward_rises_and_weights_version_advances(tmp_path):
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     batch = load_config(REPO / "deploy/train/learn_cpu.yaml").grpo["per_device_train_batch_size"]
     assert len(rollouts) == STEPS * batch  # every sampled rollout, kept as sampled
-    assert {r["policy_version"] for r in rollouts} == set(range(STEPS))  # batch k sampled with version k
+    assert {r["policy_version"] for r in rollouts} == set(range(1, STEPS + 1))  # batch k sampled with version k+1
     scored = [r for r in rollouts if r["reward"] == 1.0]
     # answer_format "number": every scored reply states the sum as a number, none merely restates it
     assert scored and all(r["extracted_answer"] == r["expected_answer"] for r in scored), scored[:3]

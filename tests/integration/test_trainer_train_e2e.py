@@ -24,7 +24,7 @@ def test_smoke_cpu_training_changes_weights(tmp_path):
 
     from services.models.hf.embedded import embedded_model_dir
 
-    servers = [("models/hf", "policy_model", []),
+    servers = [("models/hf", "policy_model", ["accept_weights=true"]),
                ("resources/code_jaccard", "code_jaccard", []),
                ("agents/simple_agent", "code_jaccard_simple_agent",
                 ["resources_server=code_jaccard", "model_server=policy_model"])]

@@ -26,7 +26,9 @@ def stack():
     agent_opts = ["resources_server=exact_match", "model_server=policy", "rollout_deadline_s=60"]
     with small_stack([("resources/exact_match", "exact_match", []),
                       ("models/stub", "policy", ["text=Paris"]),
-                      ("agents/simple_agent", AGENT, agent_opts)]) as (head, procs):
+                      ("agents/simple_agent", AGENT, agent_opts)],
+                     # the name stands for the stack's own network (compose service names): allowed
+                     head_env={"GYMSERVE_ALLOWED_HOSTS": "gymserve-private-net.invalid"}) as (head, procs):
         body = {"name": OUTSIDE, "server_type": "responses_api_agents", "kind": "agents/simple_agent",
                 "host": "gymserve-private-net.invalid", "port": 8000, "url": UNREACHABLE, "ttl_s": 600}
         assert httpx.post(f"{head.url}/register", json=body, timeout=10).status_code == 200

@@ -32,6 +32,8 @@ STACK = Path(__file__).parent / "stacks" / "ray_test.yaml"
 SERVERS = ("math", "policy", "math_simple_agent", "elastic")
 AGENT = "math_simple_agent"
 FAILURE_KINDS = {"timeout", "crash", "bad_request", "upstream", "sandbox"}
+KEY = "ray-test-key-5c1e"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def _processes_under(folder: str) -> list[str]:
@@ -65,7 +67,7 @@ def _wait(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
 def ray_up():
     temp = tempfile.mkdtemp(prefix="gsray")
     up = Up("--backend", "ray", "-c", str(STACK), "--ray-temp-dir", temp, "--num-cpus", "2",
-            "--ready-timeout", "300")
+            "--ready-timeout", "300", env={"GYMSERVE_API_KEY": KEY})
     try:
         up.wait_for(r"all 5 servers ready", timeout_s=360)
         head = up.wait_for(r"head: (http://\S+)").group(1)
@@ -91,11 +93,11 @@ def _row(i: int) -> dict:
 
 
 def _instances(head: str) -> dict[str, dict]:
-    return {r["name"]: r for r in httpx.get(f"{head}/server_instances", timeout=10).json()}
+    return {r["name"]: r for r in httpx.get(f"{head}/server_instances", headers=AUTH, timeout=10).json()}
 
 
 def _health(head: str) -> dict[str, dict]:
-    return {r["name"]: r for r in httpx.get(f"{head}/health/servers", timeout=30).json()["servers"]}
+    return {r["name"]: r for r in httpx.get(f"{head}/health/servers", headers=AUTH, timeout=30).json()["servers"]}
 
 
 def test_every_deployment_is_registered_under_its_name(ray_up):
@@ -106,10 +108,10 @@ def test_every_deployment_is_registered_under_its_name(ray_up):
         row = rows[name]
         assert row["url"] == f"{proxy}/{name}" and row["backend"] == "ray" and row["status"] == "registered"
     assert rows["math"]["replicas"]["running"] == 2 and len(rows["math"]["replicas"]["pids"]) == 2
-    health = httpx.get(f"{head}/health/servers", timeout=30).json()
+    health = httpx.get(f"{head}/health/servers", headers=AUTH, timeout=30).json()
     assert health["ready"] == health["total"] == len(SERVERS)
     assert {r["name"]: r["replicas"]["running"] for r in health["servers"]}["math"] == 2
-    assert "math" in httpx.get(f"{head}/global_config_dict_yaml", timeout=10).json()
+    assert "math" in httpx.get(f"{head}/global_config_dict_yaml", headers=AUTH, timeout=10).json()
     assert up.count(r"all 5 servers ready") == 1
 
 
@@ -117,20 +119,22 @@ def test_verify_and_run_through_the_head_and_directly(ray_up):
     _, head = ray_up
     from gymserve.testing import verify_body
 
-    right = httpx.post(f"{head}/servers/math/verify", json=verify_body("\\boxed{4}", expected_answer="4"), timeout=60)
-    wrong = httpx.post(f"{head}/servers/math/verify", json=verify_body("\\boxed{3}", expected_answer="4"), timeout=60)
+    right = httpx.post(f"{head}/servers/math/verify", json=verify_body("\\boxed{4}", expected_answer="4"),
+                       headers=AUTH, timeout=60)
+    wrong = httpx.post(f"{head}/servers/math/verify", json=verify_body("\\boxed{3}", expected_answer="4"),
+                       headers=AUTH, timeout=60)
     assert right.status_code == 200 and right.json()["reward"] == 1.0
     assert wrong.status_code == 200 and wrong.json()["reward"] == 0.0
-    bad = httpx.post(f"{head}/servers/math/verify", json={"response": {}}, timeout=60)
+    bad = httpx.post(f"{head}/servers/math/verify", json={"response": {}}, headers=AUTH, timeout=60)
     assert 400 <= bad.status_code < 500, bad.text
-    run = httpx.post(f"{head}/servers/{AGENT}/run", json=_row(0), timeout=60)
+    run = httpx.post(f"{head}/servers/{AGENT}/run", json=_row(0), headers=AUTH, timeout=60)
     assert run.status_code == 200 and run.json()["reward"] == 1.0
     direct = _instances(head)[AGENT]["url"]
-    assert httpx.post(f"{direct}/run", json=_row(1), timeout=60).json()["reward"] == 0.0
-    assert httpx.get(f"{direct}/health", timeout=10).json() == {"status": "ok"}
+    assert httpx.post(f"{direct}/run", json=_row(1), headers=AUTH, timeout=60).json()["reward"] == 0.0
+    assert httpx.get(f"{direct}/health", headers=AUTH, timeout=10).json() == {"status": "ok"}
 
 
-def test_collect_survives_a_killed_math_replica(ray_up, tmp_path):
+def test_collect_survives_a_killed_math_replica(ray_up, tmp_path, monkeypatch):
     """SIGKILL one math replica mid-collect: every row ends scored correctly or honestly masked,
     Ray replaces the replica, and the head's health view shows the restart."""
     _, head = ray_up
@@ -145,6 +149,7 @@ def test_collect_survives_a_killed_math_replica(ray_up, tmp_path):
             killed.append(victim)
 
     out = tmp_path / "rollouts.jsonl"
+    monkeypatch.setenv("GYMSERVE_API_KEY", KEY)
     client = RolloutClient(head, concurrency=32, deadline_s=300)
     stats = asyncio.run(collect([_row(i) for i in range(n)], out, client=client, on_record=on_record))
     assert killed == [victim]
@@ -176,7 +181,7 @@ def test_autoscaling_from_one_to_two_replicas_under_load(ray_up):
     body = {"input": "hi", "metadata": {"stub_script": json.dumps([{"sleep": 1.0, "text": "slow"}])}}
 
     async def load(stop: asyncio.Event) -> int:
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with httpx.AsyncClient(timeout=60, headers=AUTH) as client:
             async def one() -> None:
                 while not stop.is_set():  # a fresh session each call: every call sleeps
                     reply = await client.post(f"{head}/servers/elastic/v1/responses", json=body,

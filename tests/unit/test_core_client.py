@@ -108,7 +108,14 @@ async def test_deadline_covers_the_call(server_url):
 
 
 async def test_auth_and_session_are_propagated(server_url, monkeypatch):
+    from services.core import auth
+
     monkeypatch.setenv("GYMSERVE_API_KEY", "k-123")
+    monkeypatch.delenv("GYMSERVE_HEAD_URL", raising=False)
+    monkeypatch.setattr(auth, "_trusted", set())
+    seen = await client().get_json(f"{server_url}/headers", session_id="sess-9")
+    assert "authorization" not in seen and seen["x-session-id"] == "sess-9"  # not a trusted origin: no key
+    auth.trust(server_url)  # what the head's URL and the stack's own servers are
     seen = await client().get_json(f"{server_url}/headers", session_id="sess-9")
     assert seen["authorization"] == "Bearer k-123" and seen["x-session-id"] == "sess-9"
     monkeypatch.delenv("GYMSERVE_API_KEY")

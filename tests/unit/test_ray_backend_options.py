@@ -8,7 +8,7 @@ import json
 import pytest
 
 from gymserve.launcher import plan
-from gymserve.ray_backend import DEFAULT_MAX_ONGOING_REQUESTS, plan_deployments
+from gymserve.ray_backend import DEFAULT_MAX_ONGOING_REQUESTS, plan_deployments, replica_secrets
 from services.core.middleware.paths import route_path
 from services.core.config import ConfigError, load_stack
 
@@ -64,12 +64,13 @@ def test_deployment_options_from_a_stack_entry(monkeypatch):
     assert {d.name: d.options for d in deployments}["plain"] == {"case_sensitive": True}
 
 
-def test_api_key_reaches_replicas_through_the_runtime_env_not_options(monkeypatch):
+def test_api_key_reaches_replicas_as_a_bound_argument_not_the_runtime_env(monkeypatch):
     monkeypatch.setenv("GYMSERVE_API_KEY", "s3cret")
     _, deployments = plan_deployments(_stack())
     opts = deployments[0].deployment_options()
-    assert opts["ray_actor_options"]["runtime_env"] == {"env_vars": {"GYMSERVE_API_KEY": "s3cret"}}
+    assert "s3cret" not in json.dumps(opts) and "runtime_env" not in opts["ray_actor_options"]
     assert "s3cret" not in json.dumps(deployments[0].options)
+    assert replica_secrets() == {"GYMSERVE_API_KEY": "s3cret"}  # bound into each replica's constructor
 
 
 def test_env_references_are_resolved_before_shipping_to_replicas(monkeypatch):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from services.core.auth import trust
 from services.core.client import shared_client
 from services.core.directory import Directory
 
@@ -35,6 +36,7 @@ class VerifyFailed(RuntimeError):
 async def _verify_url(data_source: str, extra_info: dict[str, Any]) -> str:
     url = extra_info.get("verify_url") or os.environ.get("GYMSERVE_VERIFY_URL")
     if url:
+        trust(str(url))  # configured by the user: it gets the key
         return str(url).rstrip("/")
     head = os.environ.get("GYMSERVE_HEAD_URL")
     if not head:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ..errors import BadRequest, Unavailable
+from ..errors import BadRequest, TooManyRequests, Unavailable
 from ..failures import FailureKind
 from ..resource import Environment, ResourceConfig, Session, tool
 from .folder import BwrapProvider
@@ -34,7 +34,7 @@ class WorkspaceConfig(ResourceConfig):
     warm_pool: int = Field(2, ge=0, le=64, description="started workspaces kept ready per task source")
     pool_idle_s: float = Field(600.0, gt=0, description="a task source unused this long stops being pre-started")
     pool_max_age_s: float = Field(3600.0, gt=0, description="a pre-started workspace older than this is replaced")
-    max_sessions: int = Field(64, ge=1, description="workspaces alive at once (more sessions get a 503)")
+    max_sessions: int = Field(64, gt=0, description="workspaces alive at once; a /seed_session beyond gets 429")
     limits: Limits = Field(default_factory=Limits, description="per-command and per-workspace limits")
 
 
@@ -100,7 +100,7 @@ class WorkspaceEnvironment(Environment):
     async def seed(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         self.source(body)  # validates the row before anything starts
         if self.open_workspaces >= self.config.max_sessions:
-            raise Unavailable(f"too many open sessions (max_sessions={self.config.max_sessions}); close some or retry")
+            raise TooManyRequests(f"too many open sessions (max_sessions={self.config.max_sessions}); close some or retry")
         self.open_workspaces += 1
         try:
             session.data["workspace"] = await self.fresh(body)

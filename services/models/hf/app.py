@@ -17,7 +17,7 @@ from pydantic import Field
 
 from services.core.app import create_app, read_json, session_id
 from services.core.config import ServerConfig
-from services.core.errors import BadRequest, PayloadTooLarge, Unavailable
+from services.core.errors import BadRequest, GymError, PayloadTooLarge, Unavailable
 from services.core.openapi import SESSION_HEADER, describe
 from services.core.schemas import ResponseObject
 
@@ -52,8 +52,9 @@ class Config(ServerConfig):
     session_cache_size: int = Field(4096, ge=0, description="sessions whose last turn is kept for token continuity")
     max_prompt_chars: int = Field(1_000_000, gt=0, description="longer prompts (characters in all messages) get 413 "
                                                                "before any rendering or tokenizing")
-    accept_weights: bool = Field(True, description="accept POST /v1/weights from a trainer on this host "
-                                                   "(safetensors file path + version) for on-policy training")
+    accept_weights: bool = Field(False, description="accept POST /v1/weights from a trainer on this host "
+                                                    "(safetensors file path + version) for on-policy training; "
+                                                    "off by default, set by training stacks")
     torch_threads: int = Field(default_factory=default_threads, ge=1,
                                description="torch CPU threads (default: GYMSERVE_TORCH_THREADS, else half the cores)")
 
@@ -88,14 +89,15 @@ def build(config: Config) -> FastAPI:
         return {"model": model.served_name, "weights_version": model.weights_version, **counters}
 
     @app.post("/v1/weights", **describe(body=WeightsUpdate, reply={"type": "object", "properties": {
-        "weights_version": {}, "seconds": {"type": "number"}}}, errors=(503,)))
+        "weights_version": {}, "seconds": {"type": "number"}}}, errors=(403, 409, 503)))
     async def update_weights(request: Request) -> dict[str, Any]:
         """A trainer on this host hands over new weights as a safetensors file path (see weights.py)."""
+        update: WeightsUpdate = oa.parse_request(WeightsUpdate, await read_json(request))
         if not config.accept_weights:
-            raise BadRequest("this server does not accept weight updates (accept_weights=false)")
+            raise GymError("weight updates are off on this server (start it with accept_weights=true: "
+                           "training stacks set it)", status_code=403)
         if not model.ready:
             raise Unavailable("the model is still loading")
-        update: WeightsUpdate = oa.parse_request(WeightsUpdate, await read_json(request))
         started = time.perf_counter()
         version = await model.update_weights(update.path, update.version)
         return {"weights_version": version, "seconds": round(time.perf_counter() - started, 3)}

@@ -27,6 +27,8 @@ from typing import Any, Callable
 
 import torch
 
+from services.core.errors import Conflict
+
 from .types import Generation, SamplingParams
 
 log = logging.getLogger("gymserve.models")
@@ -217,6 +219,9 @@ class Engine:
         if self._update_lock is None:
             self._update_lock = asyncio.Lock()
         async with self._update_lock:
+            if version is not None and version <= self.weights_version:  # checked again: updates may race
+                raise Conflict(f"version: {version} is not newer than the served weights_version "
+                               f"{self.weights_version}; versions only move forward")
             gate, drained = self._events()
             gate.clear()
             try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.core.errors import BadRequest
+from services.core.errors import BadRequest, Conflict
 
 from .continuity import SessionTokens, TurnState, assistant_rendering, splice
 from .types import Generation, SamplingParams
@@ -156,9 +156,13 @@ class HFModel:
         """Load a trainer's safetensors file and swap it in between generations (see weights.py)."""
         import asyncio
 
-        from .weights import check_tensors, copy_into, read_tensors
+        from .weights import check_path, check_tensors, copy_into, read_tensors
 
         assert self.engine is not None
+        check_path(path)
+        if version <= self.weights_version:
+            raise Conflict(f"version: {version} is not newer than the served weights_version "
+                           f"{self.weights_version}; versions only move forward")
         tensors = await asyncio.to_thread(read_tensors, path)
         check_tensors(self.engine.model, tensors)
         return await self.engine.update_weights(lambda model: copy_into(model, tensors), version)

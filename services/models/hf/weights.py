@@ -29,17 +29,26 @@ class WeightsUpdate(BaseModel):
     version: int = Field(..., ge=0, description="the trainer's weights version (its optimizer step)")
 
 
-def read_tensors(path: str) -> dict[str, Any]:
-    """The tensors of a safetensors file; a 400 naming `path` when it cannot be read."""
-    from safetensors.torch import load_file
-
+def check_path(path: str) -> Path:
+    """`path` names an existing .safetensors file (a 400 naming `path` otherwise)."""
     file = Path(path)
     if file.suffix != ".safetensors":
         raise BadRequest("path: must name a .safetensors file")
     if not file.is_file():
         raise BadRequest(f"path: no such file {path}")
+    return file
+
+
+def read_tensors(path: str) -> dict[str, Any]:
+    """The tensors of a safetensors file, as a private copy; a 400 naming `path` when it cannot be read.
+
+    The file is read into memory whole and parsed from there (never memory-mapped): a file
+    truncated or rewritten while we use it cannot fault the server (SIGBUS on a lazy mapping)."""
+    from safetensors.torch import load
+
+    file = check_path(path)
     try:
-        return load_file(str(file))
+        return load(file.read_bytes())
     except Exception as exc:  # a truncated or foreign file
         raise BadRequest(f"path: not a readable safetensors file ({type(exc).__name__}: {exc})") from None
 

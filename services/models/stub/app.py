@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -38,6 +37,7 @@ from services.core.content import content_text
 from services.core.errors import BadRequest
 from services.core.openapi import SESSION_HEADER, describe
 from services.core.schemas import ResponseObject
+from services.models import openai_api as oa
 from services.models.openai_api import ModelList, ResponsesRequest, parse_request
 
 
@@ -122,7 +122,7 @@ def build(config: Config) -> FastAPI:
         body = await read_json(request)
         if not isinstance(body, dict):
             raise BadRequest("body: expected a JSON object")
-        parse_request(ResponsesRequest, body)  # the stub answers only requests a real server would accept
+        req = parse_request(ResponsesRequest, body)  # the stub answers only requests a real server would accept
         stats["calls"] += 1
         step = by_rule(body)
         if step is None:
@@ -143,10 +143,12 @@ def build(config: Config) -> FastAPI:
             output.insert(0, _message(str(step.get("text", config.text))))
         usage = step.get("usage") or {"input_tokens": len(json.dumps(body.get("input", ""))) // 4,
                                       "output_tokens": 8}
-        usage.setdefault("total_tokens", usage.get("input_tokens", 0) + usage.get("output_tokens", 0))
-        return JSONResponse({"id": f"resp_{uuid.uuid4().hex[:16]}", "object": "response", "created_at": time.time(),
-                             "model": body.get("model") or config.model_name, "status": "completed",
-                             "output": output, "usage": usage})
+        # a complete Responses object (NeMo-Gym's agents validate every field); scripted counts as given
+        reply = oa.response_object(req, body.get("model") or config.model_name, output,
+                                   input_tokens=int(usage.get("input_tokens", 0)),
+                                   output_tokens=int(usage.get("output_tokens", 0)), finish_reason="stop")
+        reply["usage"].update(usage)
+        return JSONResponse(reply)
 
     @app.get("/stats", **describe(reply={"type": "object", "properties": {"calls": {"type": "integer"}}}))
     async def get_stats() -> dict[str, Any]:

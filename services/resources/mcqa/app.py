@@ -8,6 +8,7 @@ very long response runs in the worker pool under its deadline.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import FastAPI
@@ -19,8 +20,8 @@ from services.core.replies import exception_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
 from services.core.schemas import VerifyReply, VerifyRequest
 
-from .extract import (DEFAULT_PATTERNS, GRADING_MODES, OptionsError, compile_patterns, extract_letter,
-                      normalize_expected, normalize_options)
+from .extract import (DEFAULT_PATTERNS, GRADING_MODES, NEMO_GYM_DEFAULT_MODE, OptionsError, compile_patterns,
+                      extract_letter, normalize_expected, normalize_options)
 
 
 class Config(ResourceConfig):
@@ -49,9 +50,11 @@ def _row_value(request: VerifyRequest, name: str) -> Any:
     return value
 
 
-def extract_job(text: str, options: dict[str, str], patterns: list[str], option_text_from: str | None) -> str | None:
+def extract_job(text: str, options: dict[str, str], patterns: list[str], rule: str | None,
+                row_regexes: list[str]) -> str | None:
     """Worker-side extraction (module-level so the pool can pickle it)."""
-    return extract_letter(text, options, compile_patterns(patterns), option_text_from)
+    return extract_letter(text, options, compile_patterns(patterns), rule,
+                          compile_patterns(row_regexes, flags=re.IGNORECASE))
 
 
 class MCQARequest(VerifyRequest):
@@ -83,28 +86,32 @@ class MCQA(Environment):
         super().__init__(config)
         self._default = compile_patterns(config.patterns)
 
-    def _rules(self, request: VerifyRequest) -> tuple[list[str], str | None, bool]:
-        """(patterns, option-text fallback, trusted) for this row."""
-        patterns: list[str] = []
-        trusted = True
+    def _rules(self, request: VerifyRequest) -> tuple[list[str], list[str], str | None]:
+        """(row regexes, patterns, rule) for this row.
+
+        A NeMo-Gym row (one with a grading mode or template metadata) is graded as NeMo-Gym grades
+        it: its regexes first, then its grading mode (NeMo-Gym's default: strict boxed letter).
+        """
+        row_regexes: list[str] = []
         template = request.field("template_metadata")
         if self.config.honor_row_regex and isinstance(template, dict) and template.get("output_regex") is not None:
             regex = template["output_regex"]
-            if not isinstance(regex, str):
-                raise BadRequest("template_metadata.output_regex: expected a string")
+            row_regexes = [regex] if isinstance(regex, str) else regex
+            if not isinstance(row_regexes, list) or not all(isinstance(r, str) for r in row_regexes):
+                raise BadRequest("template_metadata.output_regex: expected a string or a list of strings")
             try:
-                compile_patterns([regex], where="template_metadata.output_regex")
+                compile_patterns(row_regexes, where="template_metadata.output_regex")
             except ValueError as exc:
                 raise BadRequest(str(exc)) from None
-            patterns.append(regex)
-            trusted = False
         mode = request.field("grading_mode")
+        if mode is None and row_regexes:
+            mode = NEMO_GYM_DEFAULT_MODE
         if self.config.honor_row_grading_mode and mode is not None:
             if not isinstance(mode, str) or mode not in GRADING_MODES:
                 raise BadRequest(f"grading_mode: unknown mode {mode!r}; known: {sorted(GRADING_MODES)}")
-            mode_patterns, fallback = GRADING_MODES[mode]
-            return patterns + list(mode_patterns), fallback, trusted
-        return patterns + list(self.config.patterns), None, trusted
+            mode_patterns, rule = GRADING_MODES[mode]
+            return row_regexes, list(mode_patterns), rule
+        return row_regexes, list(self.config.patterns), None
 
     async def verify(self, request: VerifyRequest, session: Session | None) -> VerifyReply:
         raw_options = next((v for v in (_row_value(request, "options"), request.field("choices")) if v is not None),
@@ -116,14 +123,14 @@ class MCQA(Environment):
             expected = normalize_expected(_row_value(request, "expected_answer"), options)
         except OptionsError as exc:
             raise BadRequest(str(exc)) from None
-        patterns, fallback, trusted = self._rules(request)
+        row_regexes, patterns, rule = self._rules(request)
         text = request.text()[-self.config.max_response_chars:]
-        if trusted and len(text) <= self.config.inline_max_chars:
+        if not row_regexes and len(text) <= self.config.inline_max_chars:  # a row's regex is untrusted
             compiled = self._default if patterns == self.config.patterns else compile_patterns(patterns)
-            chosen = extract_letter(text, options, compiled, fallback)
+            chosen = extract_letter(text, options, compiled, rule)
         else:
             try:
-                chosen = await self.in_pool(extract_job, text, options, patterns, fallback)
+                chosen = await self.in_pool(extract_job, text, options, patterns, rule, row_regexes)
             except (WorkerFailure, TaskError) as exc:
                 return exception_reply(request, exc, "answer extraction")
         return scored_reply(request, float(chosen == expected), extracted_answer=chosen)

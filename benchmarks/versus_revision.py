@@ -1,6 +1,6 @@
 """Math `/verify` throughput of this checkout against an earlier revision, interleaved in slices.
 
-Run: `.venv/bin/python benchmarks/versus_revision.py [--base REV] [--slices 8] [--concurrency 64,256]`
+Run: `.venv/bin/python benchmarks/versus_revision.py [--base REV] [--slices 8] [--concurrency 64,256] [--mix]`
 
 A shared virtual machine's speed drifts by tens of percent from one minute to the next, more
 than the difference between two revisions, so two runs one after the other say little. Here
@@ -9,7 +9,8 @@ tree side by side (an idle one costs nothing), and the items are driven at one s
 the same items at the other, in short slices that alternate which goes first. Both see the
 same drift; their ratio is the comparison. Prints per concurrency each side's throughput,
 p99/p50 and CPU per request (server, workers) over all slices, and the ratio this checkout /
-base. The worktree is removed at the end.
+base. The worktree is removed at the end. `--mix` drives the realistic math mix of
+`benchmarks/mixes.py` (example rows, long and wrong answers) instead of `verify_math.py`'s items.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from gymserve.testing import ServerProcess, verify_body  # noqa: E402
+from mixes import mix  # noqa: E402
 from verify_math import cpu_seconds, drive, make_items, pct  # noqa: E402
 
 BEFORE_PERFORMANCE_WORK = "d7e2d53^"  # the parent of the first commit of the fair-queueing work
@@ -52,12 +54,14 @@ def measure(servers: dict[str, ServerProcess], bodies: list[bytes], concurrency:
             side["workers"] += after["workers"] - before["workers"]
     n = len(bodies)
     return {name: {"rate": n / side["wall"], "p50": pct(side["latencies"], 50), "p99": pct(side["latencies"], 99),
+                   "max": max(side["latencies"]),
                    "server_ms": side["server"] / n * 1000, "workers_ms": side["workers"] / n * 1000}
             for name, side in totals.items()}
 
 
 def show(label: str, r: dict[str, Any]) -> str:
-    return (f"{label} {r['rate']:6.1f} req/s  p99/p50 {r['p99'] / r['p50']:4.1f}  cpu/req server "
+    return (f"{label} {r['rate']:6.1f} req/s  p50 {r['p50'] * 1000:.0f} ms  p99 {r['p99'] * 1000:.0f} ms  "
+            f"max {r['max'] * 1000:.0f} ms  p99/p50 {r['p99'] / r['p50']:4.1f}  cpu/req server "
             f"{r['server_ms']:.2f} ms + workers {r['workers_ms']:.2f} ms")
 
 
@@ -69,10 +73,12 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=4000)
     parser.add_argument("--concurrency", default="64,256")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--mix", action="store_true", help="the realistic math mix (benchmarks/mixes.py)")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    bodies = [json.dumps(verify_body(text, expected_answer=expected)).encode()
-              for text, expected in make_items(args.items)]
+    items = [(text, row["expected_answer"]) for row, text in mix("math", args.items)] if args.mix \
+        else make_items(args.items)
+    bodies = [json.dumps(verify_body(text, expected_answer=expected)).encode() for text, expected in items]
     commit = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
     print(f"this checkout vs {args.base} ({commit}); {len(bodies)} items in {args.slices} slices per side, "

@@ -6,9 +6,10 @@ prompt, build one `/verify` body per item (label -> `expected_answer`; a label t
 object supplies task fields instead) and send them in one `/verify/batch` to the configured
 environment (stack `head.openrlhf_environment`, or `environment` in the body).
 
-Reply: `{"rewards", "scores", "extra_logs"}`. OpenRLHF has no way to drop a sample, so a
-masked verify (infrastructure failure) gets reward 0.0 *and* is reported in
-`extra_logs.mask_sample` / `extra_logs.num_masked`, never silently.
+Reply: `{"rewards", "scores", "extra_logs", "failure_kind"}`. OpenRLHF has no way to drop a
+sample, so a masked verify (infrastructure failure) gets reward 0.0 *and* is reported in
+`extra_logs.mask_sample` / `extra_logs.num_masked` (numbers: OpenRLHF logs each extra_logs key as
+a per-sample metric), with its kind in `failure_kind`, never silently.
 """
 from __future__ import annotations
 
@@ -89,14 +90,15 @@ def add_routes(app: FastAPI, resolve_url: Callable[[str], Awaitable[str]], envir
         if not isinstance(replies, list) or len(replies) != len(bodies):
             raise UpstreamError(f"{env}: /verify/batch returned {type(replies).__name__} of unexpected length")
         rewards, masked, kinds = [], [], []
-        components: dict[str, list[float | None]] = {}
+        components: dict[str, list[float]] = {}  # 0.0 where an item has no such component (masked)
         for i, reply in enumerate(replies):
             is_masked = bool(reply.get("mask_sample"))
             masked.append(is_masked)
             kinds.append(reply.get("failure_kind"))
             rewards.append(0.0 if is_masked else float(reply.get("reward", 0.0)))
             for name, value in (reply.get("reward_components") or {}).items():
-                components.setdefault(name, [None] * len(replies))[i] = float(value)
-        extra_logs: dict[str, Any] = {"mask_sample": masked, "num_masked": sum(masked), "failure_kind": kinds}
+                components.setdefault(name, [0.0] * len(replies))[i] = float(value)
+        # OpenRLHF turns every extra_logs value into a tensor (samples_generator): numbers and bools only
+        extra_logs: dict[str, Any] = {"mask_sample": masked, "num_masked": sum(masked)}
         extra_logs.update({f"reward_{name}": values for name, values in components.items()})
-        return {"rewards": rewards, "scores": list(rewards), "extra_logs": extra_logs}
+        return {"rewards": rewards, "scores": list(rewards), "extra_logs": extra_logs, "failure_kind": kinds}

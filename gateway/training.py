@@ -39,6 +39,12 @@ class TrainingStep(BaseModel):
     masked: int | None = Field(None, ge=0, description="rollouts masked as infrastructure failures")
     policy_version: int | None = Field(None, ge=0)
     reward_components: dict[str, float] = Field(default_factory=dict, max_length=64)
+    env_rewards: dict[str, float] = Field(default_factory=dict, max_length=64,
+                                          description="mean reward per environment (agent name) in a blended run")
+    mismatch: dict[str, float] = Field(default_factory=dict, max_length=16,
+                                       description="sampler/trainer mismatch metrics (token_mult_prob_error, "
+                                                   "gen_kl_error, policy_kl_error, js_divergence_error, "
+                                                   "sampling_importance_ratio)")
     time: float | None = Field(None, description="unix time of the step; the head's clock if absent")
 
     @field_validator("reward", "reward_std", "kl", "loss", "learning_rate")
@@ -46,11 +52,11 @@ class TrainingStep(BaseModel):
     def _finite_numbers(cls, value: float | None, info: Any) -> float | None:
         return _finite(value, info.field_name)
 
-    @field_validator("reward_components")
+    @field_validator("reward_components", "env_rewards", "mismatch")
     @classmethod
-    def _finite_components(cls, value: dict[str, float]) -> dict[str, float]:
+    def _finite_components(cls, value: dict[str, float], info: Any) -> dict[str, float]:
         for name, number in value.items():
-            _finite(number, f"reward_components.{name}")
+            _finite(number, f"{info.field_name}.{name}")
         return value
 
 
@@ -73,7 +79,8 @@ class TrainingLog:
         earlier = steps.pop(step.step, None)
         if earlier is not None:  # a second log record of a step (e.g. the trainer's summary) adds to it
             merged = {**earlier, **{k: v for k, v in record.items() if v is not None}}
-            merged["reward_components"] = {**earlier["reward_components"], **record["reward_components"]}
+            for key in ("reward_components", "env_rewards", "mismatch"):
+                merged[key] = {**earlier[key], **record[key]}
             record = merged
         steps[step.step] = record
         while len(steps) > self.max_steps:

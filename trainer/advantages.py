@@ -104,3 +104,43 @@ def compute_gdpo_advantages(components: Mapping[str, Sequence[float]], group_ids
     if batch_std > 0:
         return centered / (batch_std + batch_eps)
     return centered
+
+
+ESTIMATORS = ("nemo_rl_grpo", "leave_one_out", "gdpo")
+
+
+def compute_advantages(estimator: str, rewards: Sequence[float], group_ids: Sequence[Hashable], *,
+                       components: Mapping[str, Sequence[float]] | None = None,
+                       weights: Mapping[str, float] | None = None) -> np.ndarray:
+    """The advantage of every sample under `estimator` (the `grpo.advantage` key):
+
+    - `nemo_rl_grpo`: NeMo RL's GRPO as its math config runs it: leave-one-out baseline,
+      divided by the (leave-one-out, Bessel) std where that std is > 0;
+    - `leave_one_out`: RLOO: the leave-one-out baseline alone (NeMo RL's `normalize_rewards: false`);
+    - `gdpo`: `compute_gdpo_advantages` over `components` (per-component group normalization,
+      weighted sum, batch normalization).
+
+    A NaN reward (a sample no reward function could score) gets advantage 0 and stays out
+    of every baseline and std, as NeMo RL's `valid_mask` keeps it out.
+    """
+    r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+    ids = list(group_ids)
+    if estimator == "gdpo":
+        if not components:
+            raise ValueError("gdpo needs reward components")
+        columns = {name: np.asarray(values, dtype=np.float64).reshape(-1) for name, values in components.items()}
+        valid = ~np.any([np.isnan(c) for c in columns.values()], axis=0)
+    elif estimator in ("nemo_rl_grpo", "leave_one_out"):
+        valid = ~np.isnan(r)
+    else:
+        raise ValueError(f"unknown advantage estimator {estimator!r} (known: {', '.join(ESTIMATORS)})")
+    out = np.zeros(r.size if estimator != "gdpo" else valid.size, dtype=np.float64)
+    if not valid.any():
+        return out
+    kept = [gid for gid, ok in zip(ids, valid) if ok]
+    if estimator == "gdpo":
+        out[valid] = compute_gdpo_advantages({n: c[valid] for n, c in columns.items()}, kept, weights=weights)
+    else:
+        out[valid] = compute_grpo_advantages(r[valid], kept, leave_one_out=True,
+                                             normalize=(estimator == "nemo_rl_grpo"))
+    return out

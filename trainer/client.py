@@ -57,6 +57,15 @@ def failure_record(row: dict[str, Any], kind: FailureKind, reason: str) -> dict[
     return record
 
 
+BATCH_DEADLINE_REASON = "batch deadline passed"
+
+
+def cut_by_batch_deadline(record: dict[str, Any]) -> bool:
+    """Whether this failure record is a rollout cancelled at its batch's deadline."""
+    return record.get("failure_kind") == str(FailureKind.TIMEOUT) and \
+        str(record.get("failure_reason", "")).startswith(BATCH_DEADLINE_REASON)
+
+
 def is_failure(record: dict[str, Any]) -> bool:
     return bool(record.get("mask_sample")) or record.get("reward") is None
 
@@ -136,9 +145,25 @@ class RolloutClient:
                 return failure_record(row, as_kind(exc.kind, FailureKind.UPSTREAM), str(exc))
         return self._finish(row, reply)
 
-    async def run_many(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Rollouts for `rows`, in order (concurrently up to the limit)."""
-        return list(await asyncio.gather(*(self.run(row) for row in rows)))
+    async def run_many(self, rows: list[dict[str, Any]], *,
+                       batch_deadline_s: float | None = None) -> list[dict[str, Any]]:
+        """Rollouts for `rows`, in order (concurrently up to the limit).
+
+        With `batch_deadline_s`, a rollout not finished that many seconds after the call is
+        cancelled and masked as a `timeout`: one straggler cannot hold a training step hostage.
+        """
+        deadline_at = None if batch_deadline_s is None else time.monotonic() + batch_deadline_s
+        return list(await asyncio.gather(*(self.run_until(row, deadline_at) for row in rows)))
+
+    async def run_until(self, row: dict[str, Any], deadline_at: float | None) -> dict[str, Any]:
+        """`run`, cancelled at `deadline_at` (a `time.monotonic()` value; None: no batch deadline)."""
+        if deadline_at is None:
+            return await self.run(row)
+        try:
+            return await asyncio.wait_for(self.run(row), max(0.0, deadline_at - time.monotonic()))
+        except asyncio.TimeoutError:  # `run` never raises one itself: it returns failure records
+            return failure_record(row, FailureKind.TIMEOUT,
+                                  f"{BATCH_DEADLINE_REASON}: the rollout was still running, so it was cancelled")
 
     async def _run_with_retries(self, name: str, row: dict[str, Any]) -> Any:
         deadline = time.monotonic() + self.deadline_s

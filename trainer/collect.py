@@ -5,7 +5,9 @@ appended and flushed as each finishes), `rollouts_failures.jsonl` (failed rollou
 the latest run, masked, with reasons), `rollouts_metrics.json` (per agent: mean
 reward, pass@k, failure counts) and `rollouts_report.html` (reward histogram and
 failures by kind per agent, readable without a server). `resume=True` skips (task, rollout) pairs already in
-OUT and retries the rest, including earlier failures.
+OUT and retries the rest, including earlier failures. `batch_deadline_s` bounds the whole
+run: rollouts still running (or not started) when it passes are cancelled and recorded as
+`timeout` failures, counted in the metrics' `run.cut_by_batch_deadline`.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from typing import Any, Callable
 
 from services.core.metrics_agg import aggregate_metrics
 
-from .client import RolloutClient, agent_name, expand_repeats, is_failure
+from .client import RolloutClient, agent_name, cut_by_batch_deadline, expand_repeats, is_failure
 from .jsonl import JsonlAppender, read_complete_lines, read_rows
 from .report import write_report
 
@@ -54,6 +56,8 @@ class AgentStats:
 class CollectStats:
     total: int = 0
     skipped: int = 0
+    cut_by_deadline: int = 0
+    batch_deadline_s: float | None = None
     started_at: float = field(default_factory=time.monotonic)
     agents: dict[str, AgentStats] = field(default_factory=lambda: defaultdict(AgentStats))
 
@@ -74,6 +78,7 @@ class CollectStats:
         stats.done += 1
         if is_failure(record):
             stats.failed += 1
+            self.cut_by_deadline += cut_by_batch_deadline(record)
         else:
             stats.reward_sum += float(record["reward"])
 
@@ -88,7 +93,7 @@ def metrics_by_agent(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def collect(rows: list[dict[str, Any]], out: str | Path, *, client: RolloutClient, repeats: int = 1,
-                  resume: bool = False,
+                  resume: bool = False, batch_deadline_s: float | None = None,
                   on_record: Callable[[dict[str, Any], CollectStats], None] | None = None) -> CollectStats:
     """Run every (row, repeat) and write the three files; returns the run's statistics.
 
@@ -104,7 +109,9 @@ async def collect(rows: list[dict[str, Any]], out: str | Path, *, client: Rollou
         finished = [r for r in read_complete_lines(out) if not is_failure(r)]
         done_keys = {_key(r) for r in finished}
         work = [item for item in work if _key(item) not in done_keys]
-    stats = CollectStats(total=len(work), skipped=len(expand_repeats(rows, repeats)) - len(work))
+    stats = CollectStats(total=len(work), skipped=len(expand_repeats(rows, repeats)) - len(work),
+                         batch_deadline_s=batch_deadline_s)
+    deadline_at = None if batch_deadline_s is None else stats.started_at + batch_deadline_s
     failures: list[dict[str, Any]] = []
     queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     for item in work:
@@ -119,7 +126,7 @@ async def collect(rows: list[dict[str, Any]], out: str | Path, *, client: Rollou
                     item = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                record = await client.run(item)
+                record = await client.run_until(item, deadline_at)
                 if is_failure(record):
                     failures_file.write(record)
                     failures.append(record)
@@ -149,7 +156,8 @@ def write_metrics(path: Path, records: list[dict[str, Any]], stats: CollectStats
     metrics = metrics_by_agent(records)
     metrics["run"] = {"rollouts": stats.done, "failed": stats.failed, "skipped_resumed": stats.skipped,
                       "planned": stats.total, "rollouts_per_s": round(stats.rate(), 4),
-                      "elapsed_s": round(time.monotonic() - stats.started_at, 3)}
+                      "elapsed_s": round(time.monotonic() - stats.started_at, 3),
+                      "batch_deadline_s": stats.batch_deadline_s, "cut_by_batch_deadline": stats.cut_by_deadline}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True))
     tmp.replace(path)

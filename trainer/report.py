@@ -20,10 +20,15 @@ from typing import Any, Iterable, Sequence
 from services.core.metrics import Bin, reward_bins
 
 from .client import agent_name, is_failure
+from .step_log import ENV_REWARD_PREFIX, EVAL_REWARD
 
 _W, _H = 440, 190  # chart size in px
 _PAD_L, _PAD_B, _PAD_T, _PAD_R = 46, 34, 16, 10
 _BLUE, _RED, _PINK = "#0969da", "#cf222e", "#bf3989"
+_PALETTE = (_BLUE, "#1a7f37", "#9a6700", _PINK, "#8250df", _RED)
+# metrics.jsonl keys: per-environment reward (trainer/grpo.py), TRL's reward components, mismatch metrics
+_COMPONENT_PREFIX = "rewards/"
+_MISMATCH = ("gen_kl_error", "policy_kl_error", "js_divergence_error")
 
 
 def _esc(value: Any) -> str:
@@ -139,7 +144,11 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def _training_section(training: list[dict[str, Any]]) -> str:
-    steps = sorted((r for r in training if isinstance(r.get("step"), (int, float))), key=lambda r: r["step"])
+    by_step: dict[float, dict[str, Any]] = {}  # a step's training and evaluation records are separate lines
+    for r in training:
+        if isinstance(r.get("step"), (int, float)):
+            by_step.setdefault(r["step"], {}).update(r)
+    steps = [by_step[k] for k in sorted(by_step)]
     if not steps:
         return ""
     xs = [float(r["step"]) for r in steps]
@@ -151,11 +160,27 @@ def _training_section(training: list[dict[str, Any]]) -> str:
             out.append(float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None)
         return out
 
-    reward_chart = line_chart(xs, {"reward": (column("reward"), _BLUE)}, title="reward by step")
-    charts = [f'<div class="card"><h3>reward by step</h3>{reward_chart}</div>']
+    def card(title: str, keys: dict[str, str]) -> str:
+        series = {label: (column(key), _PALETTE[i % len(_PALETTE)]) for i, (label, key) in enumerate(keys.items())}
+        return f'<div class="card"><h3>{_esc(title)}</h3>{line_chart(xs, series, title=title)}</div>'
+
+    keys = sorted({k for r in steps for k in r if isinstance(k, str)})
+    reward_keys = {"reward": "reward"}
+    if any(v is not None for v in column(EVAL_REWARD)):
+        reward_keys["eval reward"] = EVAL_REWARD
+    charts = [card("reward by step", reward_keys)]
+    envs = {k[len(ENV_REWARD_PREFIX):]: k for k in keys if k.startswith(ENV_REWARD_PREFIX)}
+    if envs:
+        charts.append(card("reward by environment", envs))
+    components = {k[len(_COMPONENT_PREFIX):-len("/mean")]: k for k in keys
+                  if k.startswith(_COMPONENT_PREFIX) and k.endswith("/mean")}
+    if len(components) > 1:
+        charts.append(card("reward components", components))
     if any(v is not None for v in column("kl")):
-        kl_chart = line_chart(xs, {"kl": (column("kl"), _PINK)}, title="KL by step")
-        charts.append(f'<div class="card"><h3>KL by step</h3>{kl_chart}</div>')
+        charts.append(card("KL by step", {"kl": "kl"}))
+    mismatch = {k: k for k in _MISMATCH if k in keys}
+    if mismatch:
+        charts.append(card("sampler/trainer mismatch", mismatch))
     return f'<h2>Training</h2><div class="grid" id="training">{"".join(charts)}</div>'
 
 

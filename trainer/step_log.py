@@ -17,6 +17,8 @@ KL = "kl"
 LOGP_DELTA_MEAN = "policy/logp_delta_mean"
 LOGP_DELTA_MAX = "policy/logp_delta_max"
 POLICY_LAG = "policy/lag_max"
+ENV_REWARD_PREFIX = "reward/"  # reward/<agent>: one series per environment
+EVAL_REWARD = "eval_reward"  # TRL prefixes evaluation metrics with eval_
 
 
 def json_value(value: Any) -> Any:
@@ -81,14 +83,15 @@ def describe(record: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The training-step records of a metrics.jsonl (lines with a reward)."""
+def read_metrics(path: str | Path, key: str = REWARD) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl with a number under `key`: training steps (reward) by default,
+    evaluations with `key=EVAL_REWARD`."""
     lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    return [line for line in lines if isinstance(line.get(REWARD), (int, float))]
+    return [line for line in lines if isinstance(line.get(key), (int, float))]
 
 
 def plot(metrics_path: str | Path, out_path: str | Path) -> Path:
-    """`reward.png`: reward (± std), reward components, KL and |Δlogp| per step."""
+    """`reward.png`: reward (± std, per environment, eval), reward components, KL and the mismatch per step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -96,6 +99,7 @@ def plot(metrics_path: str | Path, out_path: str | Path) -> Path:
 
     rows = read_metrics(metrics_path)
     steps = [r["step"] for r in rows]
+    evals = read_metrics(metrics_path, key=EVAL_REWARD)
 
     def series(key: str) -> list[float]:
         return [float(r[key]) if isinstance(r.get(key), (int, float)) else math.nan for r in rows]
@@ -105,7 +109,13 @@ def plot(metrics_path: str | Path, out_path: str | Path) -> Path:
     reward, std = series(REWARD), series("reward_std")
     ax.plot(steps, reward, marker="o", label="mean reward")
     ax.fill_between(steps, [m - s for m, s in zip(reward, std)], [m + s for m, s in zip(reward, std)], alpha=0.2)
+    for key in sorted({k for r in rows for k in r if k.startswith(ENV_REWARD_PREFIX)}):
+        ax.plot(steps, series(key), marker=".", label=key)  # one curve per environment (trainer/grpo.py)
+    if evals:
+        ax.plot([r["step"] for r in evals], [float(r[EVAL_REWARD]) for r in evals], marker="s", linestyle="--",
+                label="eval reward")
     ax.set_title("reward")
+    ax.legend(fontsize=8)
     ax.set_ylim(-0.05, 1.05) if all(0 <= r <= 1 for r in reward if r == r) else None
     ax = axes[0][1]
     components = sorted({k for r in rows for k in r if k.startswith("rewards/") and k.endswith("/mean")})
@@ -119,9 +129,13 @@ def plot(metrics_path: str | Path, out_path: str | Path) -> Path:
     ax.set_title("KL to the reference model")
     ax.set_xlabel("step")
     ax = axes[1][1]
-    ax.plot(steps, series(LOGP_DELTA_MEAN), marker=".", label="mean")
-    ax.plot(steps, series(LOGP_DELTA_MAX), marker=".", label="max")
-    ax.set_title("|Δlogp| sampler vs trainer")
+    ax.plot(steps, series(LOGP_DELTA_MEAN), marker=".", label="|Δlogp| mean")
+    ax.plot(steps, series(LOGP_DELTA_MAX), marker=".", label="|Δlogp| max")
+    for key in ("gen_kl_error", "policy_kl_error", "js_divergence_error"):
+        if any(isinstance(r.get(key), (int, float)) for r in rows):
+            ax.plot(steps, series(key), marker=".", label=key)
+    ax.set_yscale("symlog", linthresh=1e-6)
+    ax.set_title("sampler vs trainer mismatch")
     ax.set_xlabel("step")
     ax.legend(fontsize=8)
     for row in axes:

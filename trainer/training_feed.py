@@ -21,6 +21,9 @@ import httpx
 
 from services.core.auth import auth_headers
 
+from .metrics import MISMATCH_KEYS
+from .step_log import ENV_REWARD_PREFIX
+
 log = logging.getLogger("gymserve.training_feed")
 
 BATCH = 100
@@ -56,6 +59,13 @@ def step_record(record: Mapping[str, Any], run: str = "default") -> dict[str, An
                 components[name] = _number(value)
     if components:
         out["reward_components"] = components
+    envs = {key[len(ENV_REWARD_PREFIX):]: _number(value) for key, value in record.items()
+            if isinstance(key, str) and key.startswith(ENV_REWARD_PREFIX) and _number(value) is not None}
+    if envs:
+        out["env_rewards"] = envs
+    mismatch = {key: _number(record[key]) for key in MISMATCH_KEYS if _number(record.get(key)) is not None}
+    if mismatch:
+        out["mismatch"] = mismatch
     for key in ("masked", "policy_version"):
         if isinstance(record.get(key), int) and not isinstance(record.get(key), bool) and record[key] >= 0:
             out[key] = record[key]

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable
 from services.core.content import content_text
 from services.core.failures import FailureKind
 
-from .client import RolloutClient, is_failure, run_sync
+from .client import RolloutClient, cut_by_batch_deadline, is_failure, run_sync
 from .tokens import StitchError, stitch
 
 log = logging.getLogger("gymserve.trainer.trl")
@@ -92,7 +92,7 @@ class RowIndex:
 
 def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[dict[str, Any]] | None = None,
                       agents: dict[str, str] | None = None, concurrency: int = 64, deadline_s: float = 900.0,
-                      retries: int = 2, sampling: dict[str, Any] | None = None,
+                      retries: int = 2, batch_deadline_s: float | None = None, sampling: dict[str, Any] | None = None,
                       on_records: Callable[[list[dict[str, Any]]], None] | None = None,
                       before_batch: Callable[[Any], None] | None = None,
                       after_batch: Callable[[Any, list[dict[str, Any]]], None] | None = None,
@@ -104,10 +104,14 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
     `max_completion_length`/`temperature`. `on_records` sees the raw rollout records.
     `before_batch(trainer)` runs before any rollout of a batch starts (weight sync) and
     `after_batch(trainer, records)` after all finished (policy lag metrics).
+    `batch_deadline_s`: rollouts of a batch still running that long after it started are
+    cancelled and masked as `timeout` (a straggler does not hold the step); the count is in
+    `rollout_func.stats["cut_by_batch_deadline"]`.
     """
     client = RolloutClient(head_url, agents=agents, concurrency=concurrency, deadline_s=deadline_s, retries=retries)
     index = RowIndex(rows or ())
     state = {"indexed_trainer": False, "batch": 0}
+    stats = {"cut_by_batch_deadline": 0}
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         if not state["indexed_trainer"] and trainer is not None:
@@ -121,9 +125,10 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
         todo = [(i, row) for i, row in enumerate(work) if row is not None]
         records: list[dict[str, Any] | None] = [None] * len(prompts)
         if todo:
-            results = run_sync(lambda: client.run_many([row for _, row in todo]))
+            results = run_sync(lambda: client.run_many([row for _, row in todo], batch_deadline_s=batch_deadline_s))
             for (i, _), record in zip(todo, results):
                 records[i] = record
+            stats["cut_by_batch_deadline"] += sum(cut_by_batch_deadline(r) for r in results)
         for i in missing:
             records[i] = {"reward": None, "mask_sample": True, "failure_kind": str(FailureKind.BAD_REQUEST),
                           "failure_reason": "prompt not found in the training data (no gymserve_row for it)"}
@@ -135,6 +140,7 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
         return rollout_outputs(prompts, records, tokenizer)
 
     rollout_func.client = client  # type: ignore[attr-defined]
+    rollout_func.stats = stats  # type: ignore[attr-defined]
     rollout_func.index = index  # type: ignore[attr-defined]
     return rollout_func
 

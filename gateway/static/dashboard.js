@@ -265,31 +265,47 @@
     document.getElementById("training-run").textContent = "run " + tr.run +
       (tr.runs.length > 1 ? " (latest of " + tr.runs.length + ")" : "") + ", " + tr.steps.length + " steps";
     var steps = tr.steps.map(function (s) { return s.step; });
-    var components = {};
-    tr.steps.forEach(function (s) { Object.keys(s.reward_components || {}).forEach(function (k) { components[k] = 1; }); });
-    var names = Object.keys(components).sort();
-    var rewardSeries = [{label: "reward", color: "#0969da"}].concat(names.map(function (n, i) {
-      return {label: n, color: PALETTE[(i + 2) % PALETTE.length], dash: [5, 3]};
+    function keysOf(field) {
+      var seen = {};
+      tr.steps.forEach(function (s) { Object.keys(s[field] || {}).forEach(function (k) { seen[k] = 1; }); });
+      return Object.keys(seen).sort();
+    }
+    function column(field, name) {
+      return tr.steps.map(function (s) { var v = (s[field] || {})[name]; return v === undefined ? null : v; });
+    }
+    var names = keysOf("reward_components");
+    var envs = keysOf("env_rewards");
+    var rewardSeries = [{label: "reward", color: "#0969da"}].concat(envs.map(function (n, i) {
+      return {label: n, color: PALETTE[(i + 1) % PALETTE.length]};
+    })).concat(names.map(function (n, i) {
+      return {label: n, color: PALETTE[(i + envs.length + 2) % PALETTE.length], dash: [5, 3]};
     }));
-    var rewardData = [steps, tr.steps.map(function (s) { return s.reward; })].concat(names.map(function (n) {
-      return tr.steps.map(function (s) { var v = (s.reward_components || {})[n]; return v === undefined ? null : v; });
-    }));
+    var rewardData = [steps, tr.steps.map(function (s) { return s.reward; })]
+      .concat(envs.map(function (n) { return column("env_rewards", n); }))
+      .concat(names.map(function (n) { return column("reward_components", n); }));
+    var mismatch = keysOf("mismatch");
     var root = document.getElementById("training-charts");
     var hasLoss = tr.steps.some(function (s) { return s.loss !== null; });
-    var keys = ["train-reward", "train-kl"].concat(hasLoss ? ["train-loss"] : []);
+    var keys = ["train-reward", "train-kl"].concat(hasLoss ? ["train-loss"] : [])
+      .concat(mismatch.length ? ["train-mismatch"] : []);
     var nodes = syncChildren(root, keys, "data-card", function (key) {
       var node = card(key, {"train-reward": "reward by step", "train-kl": "KL to the reference policy by step",
-                            "train-loss": "loss by step"}[key]);
+                            "train-loss": "loss by step", "train-mismatch": "sampler/trainer mismatch by step"}[key]);
       node.appendChild(el("div", {"class": "chart", "data-chart": key}));
       return node;
     });
-    chart("train-reward", nodes[0].querySelector(".chart"), "r:" + names.join("|"), lineOpts(rewardSeries, "reward", false, true),
-          rewardData, 220);
+    chart("train-reward", nodes[0].querySelector(".chart"), "r:" + envs.join("|") + ":" + names.join("|"),
+          lineOpts(rewardSeries, "reward", false, true), rewardData, 220);
     chart("train-kl", nodes[1].querySelector(".chart"), "kl", lineOpts([{label: "kl", color: "#bf3989"}], "KL", false),
           [steps, tr.steps.map(function (s) { return s.kl; })], 220);
     if (hasLoss) {
       chart("train-loss", nodes[2].querySelector(".chart"), "loss", lineOpts([{label: "loss", color: "#bc4c00"}], "loss", false),
             [steps, tr.steps.map(function (s) { return s.loss; })], 220);
+    }
+    if (mismatch.length) {
+      chart("train-mismatch", nodes[keys.length - 1].querySelector(".chart"), "m:" + mismatch.join("|"),
+            lineOpts(mismatch.map(function (n, i) { return {label: n, color: PALETTE[i % PALETTE.length]}; }), "mismatch", false),
+            [steps].concat(mismatch.map(function (n) { return column("mismatch", n); })), 220);
     }
   }
 

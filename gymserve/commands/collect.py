@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=32, help="rollouts in flight at once")
     parser.add_argument("--resume", action="store_true", help="skip (task, rollout) pairs already in OUTPUT")
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds per rollout, retries included")
+    parser.add_argument("--batch-deadline-s", type=float, default=None,
+                        help="seconds for the whole run: rollouts still running then are cancelled, masked as timeout")
     parser.add_argument("--retries", type=int, default=2, help="retries of a rollout whose agent is unreachable")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N rows")
     parser.add_argument("--agent", default=None, metavar="NAME",
@@ -55,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     if args.repeats < 1 or args.concurrency < 1:
         console.print("gymserve collect: --repeats and --concurrency must be >= 1")
+        return 2
+    if args.batch_deadline_s is not None and not args.batch_deadline_s > 0:
+        console.print("gymserve collect: --batch-deadline-s must be > 0")
         return 2
     try:
         rows = read_rows(args.input)
@@ -98,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
         async with client:
             return await collect(rows, args.output, client=client, repeats=args.repeats, resume=args.resume,
-                                 on_record=on_record)
+                                 batch_deadline_s=args.batch_deadline_s, on_record=on_record)
 
     stats = None
     with progress:
@@ -109,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     if stats is None:
         console.print(f"interrupted: finished rollouts are in {args.output}; run again with --resume to go on")
         return 128 + signal.SIGTERM if terminated else 130
-    print(f"{stats.done} rollouts ({stats.failed} failed, {stats.skipped} already done) in "
+    cut = f", {stats.cut_by_deadline} cut by the batch deadline" if stats.cut_by_deadline else ""
+    print(f"{stats.done} rollouts ({stats.failed} failed{cut}, {stats.skipped} already done) in "
           f"{stats.rate():.2f} rollouts/s -> {args.output}; failures: {sibling(args.output, '_failures.jsonl')}; "
           f"metrics: {sibling(args.output, '_metrics.json')}; report: {sibling(args.output, '_report.html')}",
           file=sys.stdout)

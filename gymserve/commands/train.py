@@ -12,7 +12,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainer.train import TrainConfigError, load_config, train
+    from trainer.config import TrainConfigError, load_config
+    from trainer.train import train
 
     overrides = list(args.overrides) + ([f"head_url={args.head}"] if args.head else [])
     try:

@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 from .failures import FailureKind
 
@@ -85,10 +85,14 @@ def _die_with_parent() -> None:
 # and when it started. Results leave through a thread and may lag a little; this tells the
 # parent exactly which item a hung or crashed worker was on, and since when.
 # The start is written before the id, and read after it, so a reader that sees a new id
-# also sees its start time.
+# also sees its start time. After them, a ring of ids the parent gave to another worker
+# (work stealing): the worker skips those it has not started yet. A missed or late entry
+# only means the item runs twice; the parent keeps the first result.
 _PROGRESS = struct.Struct("qd")
 _ID = struct.Struct("q")
 _START = struct.Struct("d")
+_SKIP_SLOTS = 64
+_PAGE_SIZE = _PROGRESS.size + _ID.size * _SKIP_SLOTS
 
 
 def _worker_entry() -> None:
@@ -96,7 +100,8 @@ def _worker_entry() -> None:
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     conn = Connection(int(sys.argv[1]))
-    progress = mmap.mmap(int(sys.argv[2]), _PROGRESS.size) if len(sys.argv) > 2 else None
+    progress = mmap.mmap(int(sys.argv[2]), _PAGE_SIZE) if len(sys.argv) > 2 else None
+    stolen = memoryview(progress)[_PROGRESS.size:].cast("q") if progress is not None else ()
     initializer, initargs = conn.recv()
     if initializer is not None:
         initializer(*initargs)
@@ -111,6 +116,9 @@ def _worker_entry() -> None:
             outbox.close()
             return
         for item_id, fn, args, kwargs in batch:
+            if item_id in stolen:
+                outbox.put((item_id, None, None))  # another worker ran it
+                continue
             if progress is not None:
                 _START.pack_into(progress, _ID.size, time.monotonic())
                 _ID.pack_into(progress, 0, item_id)
@@ -141,7 +149,7 @@ class _Outbox:
         self.thread = threading.Thread(target=self._run, name="gymserve-pool-outbox", daemon=True)
         self.thread.start()
 
-    def put(self, reply: tuple[int, bool, Any]) -> None:
+    def put(self, reply: tuple[int, bool | None, Any]) -> None:
         with self.cond:
             self.items.append(reply)
             self.cond.notify()
@@ -164,7 +172,7 @@ class _Outbox:
             if closing and not self.items:
                 return
 
-    def _send(self, replies: list[tuple[int, bool, Any]]) -> None:
+    def _send(self, replies: list[tuple[int, bool | None, Any]]) -> None:
         try:
             self.conn.send(replies)
             return
@@ -240,6 +248,58 @@ class _Item:
     kwargs: dict[str, Any]
     deadline_s: float
     future: asyncio.Future[Any]
+    stolen: bool = False  # also sent to a second worker, which took it from behind a slow item
+
+
+class _FairQueue:
+    """Items waiting for a worker, taken round-robin across submissions.
+
+    A `run` call is one submission, a `map` call (one request's batch) another: a large batch
+    does not hold back the single items queued after it; they alternate with its items.
+    """
+
+    def __init__(self) -> None:
+        self._groups: collections.deque[_Item | collections.deque[_Item]] = collections.deque()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[_Item]:
+        for group in self._groups:
+            if isinstance(group, _Item):
+                yield group
+            else:
+                yield from group
+
+    def add(self, item: _Item) -> None:
+        self._groups.append(item)
+        self._size += 1
+
+    def add_group(self, items: Iterable[_Item]) -> None:
+        group = collections.deque(items)
+        if group:
+            self._groups.append(group)
+            self._size += len(group)
+
+    def push_front(self, items: list[_Item]) -> None:
+        """Items that were already dispatched once go back first, in their order."""
+        self._groups.extendleft(reversed(items))
+        self._size += len(items)
+
+    def popleft(self) -> _Item:
+        group = self._groups.popleft()
+        self._size -= 1
+        if type(group) is _Item:
+            return group
+        item = group.popleft()  # type: ignore[union-attr]
+        if group:
+            self._groups.append(group)
+        return item
+
+    def clear(self) -> None:
+        self._groups.clear()
+        self._size = 0
 
 
 @dataclass(eq=False)
@@ -252,6 +312,27 @@ class _Worker:
     dead: bool = False
     buffer: bytearray = field(default_factory=bytearray)
     progress: mmap.mmap | None = None
+    skip_next: int = 0  # next slot of the stolen-ids ring in `progress`
+
+    def mark_stolen(self, item_id: int) -> None:
+        """Tell the worker to skip this item if it has not started it."""
+        if self.progress is None or self.progress.closed:
+            return
+        _ID.pack_into(self.progress, _PROGRESS.size + _ID.size * self.skip_next, item_id)
+        self.skip_next = (self.skip_next + 1) % _SKIP_SLOTS
+
+    def stranded(self, now: float, slow_after_s: float) -> list[_Item]:
+        """Items queued behind the item this worker has been on for over `slow_after_s`."""
+        if len(self.inflight) < 2:
+            return []
+        running = self.running()
+        if running is None or now - running[1] < slow_after_s:
+            return []
+        items = list(self.inflight)
+        for index, item in enumerate(items):
+            if item.id == running[0]:
+                return [i for i in items[index + 1:] if not i.stolen and not i.future.done()]
+        return []
 
     def running(self) -> tuple[int, float] | None:
         """(id, start) of the item the worker is running, from shared memory; None if unknown."""
@@ -283,9 +364,9 @@ class WorkerPool:
         self.initargs = initargs
         self.name = name
         self.start_timeout_s = start_timeout_s
-        self.stats = collections.Counter(restarts=0, timeouts=0, crashes=0, completed=0, errors=0)
+        self.stats = collections.Counter(restarts=0, timeouts=0, crashes=0, completed=0, errors=0, stolen=0)
         self._workers: list[_Worker] = []
-        self._pending: collections.deque[_Item] = collections.deque()
+        self._pending = _FairQueue()
         self._ids = itertools.count()
         self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -293,6 +374,7 @@ class WorkerPool:
         self._closed = False
         self._all_ready: asyncio.Event | None = None
         self._dispatch_scheduled = False
+        self._steal_timer: asyncio.TimerHandle | None = None
         self.item_time_s: float | None = None  # running average of item time (None: nothing measured yet)
 
     # ---- lifecycle -------------------------------------------------------- #
@@ -338,6 +420,8 @@ class WorkerPool:
         if self._closed and not self._workers:
             return
         self._closed = True
+        if self._steal_timer is not None:
+            self._steal_timer.cancel()
         if self._watchdog:
             self._watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -365,7 +449,7 @@ class WorkerPool:
             raise PoolOverloaded(f"{self.name}: queue full ({self.max_queue} items)")
         async with self._slots:
             future: asyncio.Future[Any] = self._loop.create_future()
-            self._pending.append(_Item(next(self._ids), fn, args, kwargs, deadline_s or self.deadline_s, future))
+            self._pending.add(_Item(next(self._ids), fn, args, kwargs, deadline_s or self.deadline_s, future))
             self._schedule_dispatch()
             return await future
 
@@ -384,7 +468,7 @@ class WorkerPool:
         for start in range(0, len(args), self.max_queue):
             futures = [self._loop.create_future() for _ in range(min(self.max_queue, len(args) - start))]
             ids = self._ids
-            self._pending.extend(_Item(next(ids), fn, tuple(a), {}, deadline, f)
+            self._pending.add_group(_Item(next(ids), fn, tuple(a), {}, deadline, f)
                                  for a, f in zip(args[start:start + len(futures)], futures))
             self._schedule_dispatch()
             results.extend(await asyncio.gather(*futures, return_exceptions=True))
@@ -399,9 +483,11 @@ class WorkerPool:
         progress_fd, progress = -1, None
         with contextlib.suppress(AttributeError, OSError):  # memfd is Linux-only; then we do without
             progress_fd = os.memfd_create("gymserve-pool-progress")
-            os.ftruncate(progress_fd, _PROGRESS.size)
-            progress = mmap.mmap(progress_fd, _PROGRESS.size)
+            os.ftruncate(progress_fd, _PAGE_SIZE)
+            progress = mmap.mmap(progress_fd, _PAGE_SIZE)
             _PROGRESS.pack_into(progress, 0, -1, 0.0)
+            for slot in range(_SKIP_SLOTS):
+                _ID.pack_into(progress, _PROGRESS.size + _ID.size * slot, -1)
         fds = (theirs.fileno(),) + ((progress_fd,) if progress is not None else ())
         try:
             process = subprocess.Popen(
@@ -481,12 +567,15 @@ class WorkerPool:
         if self._all_ready and not self._all_ready.is_set() and all(w.ready for w in self._workers):
             self._all_ready.set()
 
-    def _on_result(self, worker: _Worker, message: tuple[int, bool, Any]) -> None:
+    def _on_result(self, worker: _Worker, message: tuple[int, bool | None, Any]) -> None:
         item_id, ok, value = message
         if not worker.inflight or worker.inflight[0].id != item_id:
             return  # a result for an item we already gave up on
         item = worker.inflight.popleft()
         now = time.monotonic()
+        if ok is None:  # skipped: another worker ran it
+            worker.item_started = now
+            return
         took = now - worker.item_started
         self.item_time_s = took if self.item_time_s is None else \
             self.item_time_s + _ITEM_TIME_WEIGHT * (took - self.item_time_s)
@@ -533,7 +622,7 @@ class WorkerPool:
         worker.inflight.clear()
         if not guilty.future.done():
             guilty.future.set_exception(error)
-        self._pending.extendleft(reversed([item for item in items if item is not guilty]))
+        self._pending.push_front([item for item in items if item is not guilty])
 
     def _kill(self, worker: _Worker, _: Any) -> None:
         worker.dead = True
@@ -600,12 +689,12 @@ class WorkerPool:
         if data is None:
             return
         if pipelined and len(data) > _PIPELINE_MAX_BYTES:
-            self._pending.extendleft(reversed(batch))  # too big to queue behind a busy worker
+            self._pending.push_front(batch)  # too big to queue behind a busy worker
             return
         try:
             _write_frame(worker.conn.fileno(), data)
         except OSError:
-            self._pending.extendleft(reversed(batch))  # the watchdog notices the dead worker
+            self._pending.push_front(batch)  # the watchdog notices the dead worker
             return
         if not worker.inflight:
             worker.item_started = time.monotonic()
@@ -617,12 +706,45 @@ class WorkerPool:
             return 1  # nothing measured yet: the first items go one at a time
         return max(1, min(self.max_batch, int(_BATCH_TARGET_S / max(self.item_time_s, 1e-6))))
 
+    def _steal(self, live: list[_Worker], idle: list[_Worker], now: float, slow_after_s: float) -> list[_Worker]:
+        """Idle workers take the items stranded behind a slow item on another worker, oldest
+        first (they were dispatched before anything still pending). Returns the workers still idle."""
+        stranded = sorted(((item, w) for w in live for item in w.stranded(now, slow_after_s)),
+                          key=lambda pair: pair[0].id)
+        if not stranded:
+            if any(len(w.inflight) > 1 for w in live) and self._loop is not None and self._steal_timer is None:
+                # look again once the items queued behind a running one may count as stranded
+                self._steal_timer = self._loop.call_later(slow_after_s, self._on_steal_timer)
+            return idle
+        limit = self.batch_limit()
+        still_idle = []
+        for index, worker in enumerate(idle):
+            if not stranded:
+                still_idle.append(worker)
+                continue
+            count = min(limit, -(-len(stranded) // (len(idle) - index)))
+            taken, stranded = stranded[:count], stranded[count:]
+            for item, victim in taken:
+                item.stolen = True
+                victim.mark_stolen(item.id)
+            self.stats["stolen"] += len(taken)
+            self._send(worker, [item for item, _ in taken], pipelined=False)
+        return still_idle
+
+    def _on_steal_timer(self) -> None:
+        self._steal_timer = None
+        self._schedule_dispatch()
+
     def _dispatch(self) -> None:
         self._dispatch_scheduled = False
-        if not self._pending:
-            return
         live = [w for w in self._workers if w.ready and not w.dead]
         idle = [w for w in live if not w.inflight]
+        now = time.monotonic()
+        recent = max(_PIPELINE_RECENT_S, 2 * (self.item_time_s or 0.0))
+        if idle:
+            idle = self._steal(live, idle, now, recent)
+        if not self._pending:
+            return
         limit = self.batch_limit()
         for worker in idle:
             if not self._pending:
@@ -636,9 +758,8 @@ class WorkerPool:
         # Workers churning through quick items get their next batch before they run dry, so
         # they do not idle for a round trip between batches.
         # So do workers on an item of ordinary cost; one on an item that has run far past the
-        # average gets nothing queued behind it (it may be a slow one).
-        now = time.monotonic()
-        recent = max(_PIPELINE_RECENT_S, 2 * (self.item_time_s or 0.0))
+        # average gets nothing queued behind it (it may be a slow one); if one turns out slow
+        # after its next batch was sent, idle workers steal that batch (`_steal`).
         streaming = [w for w in live if w.inflight and len(w.inflight) <= limit
                      and now - w.item_started < recent]
         for worker in streaming:

@@ -9,13 +9,14 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
 
 from gymserve.testing import ServerProcess
 from tests.integration._trainer_stack import small_stack, wait_registered
-from trainer.client import RolloutClient
+from trainer.client import RolloutClient, run_sync
 from trainer.collect import collect, sibling
 
 AGENT = "exact_match_simple_agent"
@@ -186,3 +187,54 @@ async def test_demo_runs_present_agents_and_skips_missing(stack, tmp_path, capsy
     out = capsys.readouterr().out
     assert "exact_match" in out and "skipped" in out
     assert len((tmp_path / "exact_match.jsonl").read_text().splitlines()) == 2
+
+
+async def test_batch_deadline_cancels_stragglers_only(stack):
+    head, _ = stack
+    client = RolloutClient(head.url, concurrency=4, deadline_s=60, retries=0)
+    rows = [_row("Capital of France?", "Paris"), _row("slow", "Paris", script=[{"sleep": 30, "text": "Paris"}]),
+            _row("Capital of France?", "Paris")]
+    quick, slow, quick_too = await client.run_many(rows, batch_deadline_s=4)
+    assert quick["reward"] == 1.0 and quick_too["reward"] == 1.0
+    assert slow["mask_sample"] is True and slow["reward"] is None and slow["failure_kind"] == "timeout"
+    assert "batch deadline" in slow["failure_reason"]
+
+
+def test_cli_collect_batch_deadline_masks_and_reports_stragglers(stack, tmp_path):
+    head, _ = stack
+    rows_path = tmp_path / "rows.jsonl"
+    rows = [_row("Capital of France?", "Paris")] * 3 + [_row("slow", "Paris", script=[{"sleep": 30, "text": "Paris"}])]
+    rows_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "cut.jsonl"
+    result = subprocess.run([sys.executable, "-m", "gymserve", "collect", "-i", str(rows_path), "-o", str(out),
+                             "--head", head.url, "--concurrency", "4", "--batch-deadline-s", "8", "--no-progress"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "1 cut by the batch deadline" in result.stdout
+    assert [r["reward"] for r in _lines(out)] == [1.0] * 3
+    (failure,) = _lines(sibling(out, "_failures.jsonl"))
+    assert failure["failure_kind"] == "timeout" and failure["mask_sample"] is True
+    run = json.loads(sibling(out, "_metrics.json").read_text())["run"]
+    assert run["cut_by_batch_deadline"] == 1 and run["batch_deadline_s"] == 8
+    bad = subprocess.run([sys.executable, "-m", "gymserve", "collect", "-i", str(rows_path), "-o", str(out),
+                          "--batch-deadline-s", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--batch-deadline-s" in bad.stderr
+
+
+def test_trl_rollout_func_batch_deadline_masks_stragglers(stack):
+    from trainer.trl import make_rollout_func, row_prompt
+
+    head, _ = stack
+    slow = _row("slow", "Paris", script=[{"sleep": 30, "text": "Paris"}])
+    quick = _row("Capital of France?", "Paris")
+    tokenizer = types.SimpleNamespace(eos_token_id=0)  # only used for the masked rollout's prompt ids
+    records: list[dict] = []
+    rollout = make_rollout_func(head.url, tokenizer, rows=[slow, quick], batch_deadline_s=4, retries=0,
+                                on_records=records.extend)
+    try:
+        out = rollout([row_prompt(slow), row_prompt(quick)], None)
+    finally:
+        run_sync(rollout.client.aclose)
+    assert rollout.stats["cut_by_batch_deadline"] == 1
+    assert out["env_reward"][0] is None  # masked, not a reward of 0
+    assert records[0]["failure_kind"] == "timeout" and records[1]["reward"] == 1.0

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from tests.integration._trainer_stack import small_stack
-from trainer.train import load_config
+from trainer.config import load_config
+from trainer.metrics import MISMATCH_KEYS, exceeding
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
@@ -51,11 +52,13 @@ def test_learn_cpu_reward_rises_and_weights_version_advances(tmp_path):
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
     assert all(s["policy/lag_max"] == 0 for s in steps)  # max_policy_lag 0: strictly on-policy
     assert all(s["policy/logp_delta_mean"] < 0.05 for s in steps), [s["policy/logp_delta_mean"] for s in steps]
+    # synced before every batch: NeMo RL's mismatch metrics stay within float noise of perfect agreement
+    assert all(set(MISMATCH_KEYS) <= set(s) and not exceeding(s) for s in steps), [exceeding(s) for s in steps]
     first = steps[0]["reward"]
     last = sum(s["reward"] for s in steps[-3:]) / 3
     assert last >= MIN_LAST and last - first >= MIN_RISE, (first, last, [s["reward"] for s in steps])
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
-    batch = load_config(REPO / "deploy/train/learn_cpu.yaml").grpo["per_device_train_batch_size"]
+    batch = load_config(REPO / "deploy/train/learn_cpu.yaml").grpo.trl_options()["per_device_train_batch_size"]
     assert len(rollouts) == STEPS * batch  # every sampled rollout, kept as sampled
     assert {r["policy_version"] for r in rollouts} == set(range(1, STEPS + 1))  # batch k sampled with version k+1
     scored = [r for r in rollouts if r["reward"] == 1.0]

@@ -22,3 +22,9 @@ def segfault():
 
 def fail(message):
     raise ValueError(message)
+
+
+def pid_after(seconds):
+    """Sleep, then say which worker ran the item (placement assertions)."""
+    time.sleep(seconds)
+    return os.getpid()

@@ -112,6 +112,22 @@ def test_step_record_maps_trl_logs():
     assert step_record({"step": 1, "reward": float("inf")}) == {"run": "default", "step": 1}
 
 
+def test_step_record_carries_per_environment_rewards_and_mismatch_metrics():
+    record = {"step": 2, "reward": 0.5, "reward/math_simple_agent": 0.75, "reward/mcqa_simple_agent": 0.25,
+              "gen_kl_error": 2e-4, "token_mult_prob_error": 1.01, "js_divergence_error": float("nan")}
+    body = step_record(record)
+    assert body is not None
+    assert body["env_rewards"] == {"math_simple_agent": 0.75, "mcqa_simple_agent": 0.25}
+    assert body["mismatch"] == {"token_mult_prob_error": 1.01, "gen_kl_error": 2e-4}  # NaN left out
+    log = TrainingLog()
+    log.add(TrainingStep.model_validate(body))
+    log.add(TrainingStep(step=2, mismatch={"policy_kl_error": 1e-4}))  # a later record of the step adds to it
+    assert log.records()[0]["mismatch"] == {"token_mult_prob_error": 1.01, "gen_kl_error": 2e-4,
+                                            "policy_kl_error": 1e-4}
+    with pytest.raises(ValueError, match="mismatch.gen_kl_error"):
+        TrainingStep(step=1, mismatch={"gen_kl_error": float("inf")})
+
+
 def test_feed_never_blocks_or_raises_when_the_head_is_down():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

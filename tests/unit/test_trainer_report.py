@@ -58,3 +58,27 @@ def test_training_report_reads_metrics_jsonl(tmp_path):
     dom = DomIndex(path.read_text())
     assert path == tmp_path / "report.html"
     assert len(dom.within(dom.by_id("training"), "polyline")) == 2 and dom.find("div", data_env="math")
+
+
+def test_training_report_and_plot_draw_environments_components_mismatch_and_eval(tmp_path):
+    """A blended GDPO run: one curve per environment, reward components apart, the mismatch metrics,
+    and the evaluation reward (its own metrics.jsonl line at the same step) on the reward chart."""
+    from trainer.step_log import plot
+
+    lines = [{"step": i, "reward": 0.1 * i, "kl": 0.01, "reward/math_simple_agent": 0.2 * i,
+              "reward/mcqa_simple_agent": 0.05 * i, "rewards/reward_format/mean": 0.5,
+              "rewards/reward_correct/mean": 0.1 * i, "gen_kl_error": 1e-6 * i, "policy_kl_error": 1e-6,
+              "js_divergence_error": 1e-7, "token_mult_prob_error": 1.0} for i in range(1, 5)]
+    lines += [{"step": 2, "eval_reward": 0.3}, {"step": 4, "eval_reward": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    text = write_training_report(tmp_path, []).read_text()
+    dom = DomIndex(text)
+    cards = {dom.within(card, "h3")[0].text: card for card in dom.within(dom.by_id("training"), "div", **{"class": "card"})}
+    assert set(cards) == {"reward by step", "reward by environment", "reward components", "KL by step",
+                          "sampler/trainer mismatch"}
+    assert "eval reward" in cards["reward by step"].text
+    assert len(dom.within(cards["reward by step"], "polyline")) == 1  # reward; eval: 2 steps of 4 -> points
+    assert all(env in cards["reward by environment"].text for env in ("math_simple_agent", "mcqa_simple_agent"))
+    assert len(dom.within(cards["reward components"], "polyline")) == 2
+    assert len(dom.within(cards["sampler/trainer mismatch"], "polyline")) == 3
+    assert plot(tmp_path / "metrics.jsonl", tmp_path / "reward.png").stat().st_size > 10_000

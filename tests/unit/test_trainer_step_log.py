@@ -11,7 +11,7 @@ import torch
 from trainer.grpo import logp_delta
 from trainer.step_log import StepLog, describe, plot, read_metrics
 from trainer.tokens import policy_version
-from trainer.train import TrainConfigError, load_config
+from trainer.config import TrainConfigError, load_config
 from trainer.weight_sync import PolicyHooks, WeightSync
 
 
@@ -78,4 +78,4 @@ def test_weight_sync_config_errors_name_the_key(tmp_path, override, field) -> No
     config.write_text("output_dir: out\ntrain_data: rows.jsonl\n")
     with pytest.raises(TrainConfigError, match=field):
         load_config(config, [override])
-    assert load_config(config, ["weight_sync.max_policy_lag=2"]).weight_sync == {"max_policy_lag": 2}
+    assert load_config(config, ["weight_sync.max_policy_lag=2"]).weight_sync.max_policy_lag == 2

@@ -7,7 +7,7 @@ import pytest
 
 from trainer.tokens import StitchError, stitch
 from trainer.trl import RowIndex, reward_functions, rollout_outputs, row_prompt, to_trl_dataset
-from trainer.train import TrainConfigError, load_config
+from trainer.config import TrainConfigError, load_config
 
 
 class Tok:
@@ -99,7 +99,8 @@ def test_train_config_errors(tmp_path):
         load_config(cfg)
     cfg.write_text("output_dir: x\ntrain_data: a.jsonl\nhead_url: ${NOT_SET_ANYWHERE_X}\ngrpo: {max_steps: 1}\n")
     config = load_config(cfg, ["grpo.max_steps=3", "rollout.concurrency=2"])
-    assert config.head_url is None and config.grpo["max_steps"] == 3 and config.rollout == {"concurrency": 2}
+    assert config.head_url is None and config.grpo.trl_options()["max_steps"] == 3
+    assert config.rollout.model_dump(exclude_unset=True) == {"concurrency": 2}
     with pytest.raises(TrainConfigError, match="rollout"):
         load_config(cfg, ["rollout.nope=1"])
 
@@ -108,8 +109,8 @@ def test_exponent_floats_are_numbers_in_files_and_overrides(tmp_path):
     """`1e-4` is a float (PyYAML alone reads it as a string, which crashed deep inside torch's optimizer)."""
     cfg = tmp_path / "t.yaml"
     cfg.write_text("output_dir: x\ntrain_data: a.jsonl\ngrpo: {learning_rate: 1e-4, beta: '1e-3'}\n")
-    assert load_config(cfg).grpo == {"learning_rate": 1e-4, "beta": "1e-3"}  # quoted stays a string
-    assert load_config(cfg, ["grpo.learning_rate=2e-5"]).grpo["learning_rate"] == 2e-5
+    assert load_config(cfg).grpo.trl_options() == {"learning_rate": 1e-4, "beta": "1e-3"}  # quoted stays a string
+    assert load_config(cfg, ["grpo.learning_rate=2e-5"]).grpo.trl_options()["learning_rate"] == 2e-5
 
 
 def test_train_rejects_rows_without_agent_ref(tmp_path):

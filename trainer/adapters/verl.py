@@ -1,9 +1,10 @@
 """verl adapter: a custom reward function that scores with a gymserve environment's `/verify`.
 
-    # verl config
-    custom_reward_function:
-      path: <site-packages or repo>/trainer/adapters/verl.py
-      name: compute_score
+    # verl config (gymserve on PYTHONPATH; a file path would break this module's package imports)
+    reward:
+      custom_reward_function:
+        path: pkg://trainer.adapters.verl
+        name: compute_score
 
 Where to verify (first that is set): `extra_info["verify_url"]`, `$GYMSERVE_VERIFY_URL` (a resource
 server base URL), or the resource server named `extra_info["resource_server"]` (else `data_source`)

@@ -128,7 +128,8 @@ class Proxy:
                 request.method, url, headers=headers,
                 data=data, allow_redirects=False, compress=None, chunked=None)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
-            raise UpstreamError(f"server {name!r} at {inst.url} did not answer {request.method} /{path} in time",
+            raise UpstreamError(f"server {name!r} at {inst.url} did not answer {request.method} /{path} "
+                               f"within the {self.timeout.sock_read:g}s read timeout",
                                 kind=FailureKind.TIMEOUT) from None
         except aiohttp.ClientError as exc:
             if body is not None and body.error is not None:

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
+from collections import Counter
 from typing import Any
 
 
@@ -33,11 +35,22 @@ def _stats_text(stats: Any) -> str:
     return f"{stats.rate():.2f} rollouts/s  " + "  ".join(parts)
 
 
+def print_failure_groups(failures: Counter[tuple[str, str]], shown: int = 5) -> None:
+    """Why rollouts failed, most frequent reason first: the answer to "N failed" without opening the file."""
+    if not failures:
+        return
+    print("why rollouts failed (count, kind, reason):")
+    for (kind, reason), count in failures.most_common(shown):
+        print(f"  {count} x {kind}: {reason[:300]}")
+    if len(failures) > shown:
+        print(f"  ... {len(failures) - shown} more reasons in the failures file")
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trainer.client import RolloutClient, route_to
+    from trainer.client import RolloutClient, is_failure, route_to
     from trainer.collect import collect, sibling
     from trainer.jsonl import JsonlError, read_rows
 
@@ -61,12 +74,17 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"gymserve collect: --agent {args.agent} overrides the agent_ref of {overridden} rows",
                           markup=False)
     client = RolloutClient(args.head, concurrency=args.concurrency, deadline_s=args.deadline, retries=args.retries)
+    source = "--head" if args.head else ("$GYMSERVE_HEAD_URL" if os.environ.get("GYMSERVE_HEAD_URL") else "the default")
+    print(f"head: {client.directory.head_url} (from {source})", flush=True)
+    failures: Counter[tuple[str, str]] = Counter()
     progress = Progress(TextColumn("collect"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[stats]}"), console=console, disable=args.no_progress,
                         transient=False)
     task_id = progress.add_task("collect", total=len(rows) * args.repeats, stats="")
 
     def on_record(record: dict, stats: Any) -> None:
+        if is_failure(record):
+            failures[(str(record.get("failure_kind") or "?"), str(record.get("failure_reason") or "no reason given"))] += 1
         progress.update(task_id, completed=stats.done + stats.skipped, stats=_stats_text(stats))
 
     terminated = False
@@ -105,4 +123,5 @@ def run(args: argparse.Namespace) -> int:
         mean = agent.mean_reward
         print(f"  {name}: mean reward {'-' if mean is None else f'{mean:.4f}'}, "
               f"{agent.done - agent.failed} scored, {agent.failed} failed")
+    print_failure_groups(failures)
     return 1 if stats.done and stats.failed == stats.done else 0

@@ -24,5 +24,10 @@ def run(args: argparse.Namespace) -> int:
     if done.stack:
         shown = done.stack.relative_to(root) if done.stack.is_relative_to(root) else done.stack
         print(f"registered {args.name} and {args.name}_simple_agent in {shown}")
-    print(f"next: gymserve check resources/{args.name}")
+    if done.default_stack:
+        print(f"registered {args.name} and {args.name}_simple_agent in {done.default_stack.relative_to(root)} "
+              "(gymserve up, make demo)")
+    if done.nav:
+        print(f"listed environments/{args.name}.md in {done.nav.relative_to(root)}")
+    print(f"next: .venv/bin/gymserve check resources/{args.name}")
     return 0

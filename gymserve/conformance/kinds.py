@@ -64,7 +64,8 @@ def _stub_and_agent(pool: Servers, resources: ServerProcess, row: dict[str, Any]
 
 def _check_rollout(report: Report, resources: Probe, agent: Probe, row: dict[str, Any]) -> dict[str, Any]:
     rollout: dict[str, Any] = {}
-    with report.check("rollout: an agent's /run of an example row re-verifies to the same reward"):
+    with report.check("rollout: an agent's /run of an example row re-verifies to the same reward, "
+                      "from the row and as the scored rollout itself"):
         r = agent.post("/run", row)
         expect(r.status_code == 200, f"POST /run: {r.status_code} {r.text[:200]}")
         rollout = r.json()
@@ -77,6 +78,12 @@ def _check_rollout(report: Report, resources: Probe, agent: Probe, row: dict[str
         expect(again.status_code == 200, f"re-verify: {again.status_code} {again.text[:200]}")
         reward_again = check_verify_reply(again.json(), {}, "re-verify")
         expect(abs(reward - reward_again) < 1e-6, f"rollout reward {reward} but re-verify gives {reward_again}")
+        # a collected rollout already carries reward and the verdict fields: verified again as it is
+        scored = resources.post("/verify", {k: v for k, v in rollout.items() if k != "agent_ref"})
+        expect(scored.status_code == 200, f"re-verify of the scored rollout: {scored.status_code} {scored.text[:200]}")
+        reward_scored = check_verify_reply(scored.json(), {}, "re-verify of the scored rollout")
+        expect(abs(reward - reward_scored) < 1e-6,
+               f"rollout reward {reward} but the scored rollout re-verifies to {reward_scored}")
     return rollout
 
 
@@ -119,12 +126,17 @@ def _scripted_judge_reply(kind: str, options: list[str]) -> str | None:
 
 def _check_rows(report: Report, probe: Probe, rows: list[dict[str, Any]], source: str) -> None:
     replies: list[dict[str, Any]] = []
-    with report.check(f"verify: {len(rows)} example rows ({source}) get well-formed /verify replies"):
+    with report.check(f"verify: {len(rows)} example rows ({source}) get well-formed /verify replies, "
+                      "and the reward a row's expected_reward names"):
         for i, row in enumerate(rows):
             body = verify_body(row, response_with_text(answer_text(row)))
             r = probe.post("/verify", body)
             expect(r.status_code == 200, f"row {i}: POST /verify {r.status_code} {r.text[:200]}")
-            check_verify_reply(r.json(), body, f"row {i}")
+            reward = check_verify_reply(r.json(), body, f"row {i}")
+            want = row.get("expected_reward")
+            if isinstance(want, (int, float)) and not isinstance(want, bool):
+                expect(abs(reward - want) < 1e-6, f"row {i}: reward {reward} for the answer "
+                                                  f"{answer_text(row)!r}, but the row's expected_reward is {want}")
             replies.append(r.json())
     with report.check("verify/batch: one well-formed reply per item, in order"):
         bodies = [verify_body(row, response_with_text(answer_text(row))) for row in rows[:2]]

@@ -21,6 +21,8 @@ class Scaffolded:
     root: Path
     created: list[Path] = field(default_factory=list)
     stack: Path | None = None
+    default_stack: Path | None = None
+    nav: Path | None = None
 
 
 POLICY = "policy_model"
@@ -52,21 +54,47 @@ def new_env(name: str, root: Path, *, stack: Path | None = None) -> Scaffolded:
     cls = "".join(part.capitalize() for part in name.split("_")) or "Env"
     rows = [{"responses_create_params": {"input": [{"role": "user", "content": q}]},
              "agent_ref": {"type": "responses_api_agents", "name": f"{name}_simple_agent"},
-             "expected_answer": a} for q, a in templates.EXAMPLE_ROWS]
+             "expected_answer": a, "expected_reward": 1.0} for q, a in templates.EXAMPLE_ROWS]
+    data = root / "datasets" / name
+    if data.exists():
+        raise ConfigError(f"datasets/{name} exists already")
     files = {
         folder / "__init__.py": "",
         folder / "app.py": templates.APP.format(name=name, cls=cls),
-        folder / "example.jsonl": "".join(json.dumps(r) + "\n" for r in rows),
         folder / "README.md": templates.README.format(name=name, stack=stack_name),
+        data / "example.jsonl": "".join(json.dumps(r) + "\n" for r in rows),
+        data / "README.md": templates.DATA_README.format(name=name),
         test: templates.TEST.format(name=name),
     }
+    mkdocs, page = root / "mkdocs.yml", root / "docs" / "environments" / f"{name}.md"
+    if mkdocs.exists():  # the docs site lists every environment: a page that includes the README
+        if page.exists():
+            raise ConfigError(f"{page.relative_to(root)} exists already")
+        files[page] = templates.DOCS_PAGE.format(name=name)
+    default = root / "gymserve" / "stacks" / "default.yaml"
     out = Scaffolded(root)
     out.stack = register(stack, name, stack_name)  # first: a clash there leaves nothing half-written
+    if default.exists() and default != stack:  # `gymserve up` and `make demo` serve every example dataset
+        out.default_stack = register(default, name)
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         out.created.append(path)
+    if mkdocs.exists():
+        add_to_nav(mkdocs, name)
+        out.nav = mkdocs
     return out
+
+
+def add_to_nav(mkdocs: Path, name: str) -> None:
+    """List `environments/NAME.md` in mkdocs.yml's nav after the last environment page (text edit: comments stay)."""
+    lines = mkdocs.read_text(encoding="utf-8").splitlines(keepends=True)
+    last = max((i for i, line in enumerate(lines) if re.search(r":\s*environments/\w+\.md\s*$", line)), default=None)
+    if last is None:
+        raise ConfigError(f"{mkdocs}: no environments/<env>.md entry in its nav to add {name} next to")
+    indent = lines[last][:len(lines[last]) - len(lines[last].lstrip())]
+    lines.insert(last + 1, f"{indent}- {name}: environments/{name}.md\n")
+    mkdocs.write_text("".join(lines), encoding="utf-8")
 
 
 def register(stack: Path, name: str, shown: str | Path = "") -> Path:

@@ -106,7 +106,8 @@ class ServiceClient:
 
         4xx and other non-retryable statuses are returned to the caller unchanged.
         """
-        deadline = time.monotonic() + (deadline_s if deadline_s is not None else self.deadline_s)
+        budget = deadline_s if deadline_s is not None else self.deadline_s
+        deadline = time.monotonic() + budget
         attempts = 1 + (self.retries if retries is None else retries)
         hdrs = self.headers(headers, session_id, url)
         data = content
@@ -127,7 +128,8 @@ class ServiceClient:
             except aiohttp.ConnectionTimeoutError:  # the request never left: safe to try again
                 last = f"connect timeout calling {url}"
             except asyncio.TimeoutError:  # sent, no answer in time: never re-sent
-                raise UpstreamError(f"deadline exceeded calling {method} {url}", kind=FailureKind.TIMEOUT) from None
+                raise UpstreamError(f"deadline exceeded calling {method} {url} (the {budget:g}s deadline)",
+                                    kind=FailureKind.TIMEOUT) from None
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 last = f"{type(exc).__name__} calling {url}: {exc}"
             except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a malformed URL
@@ -146,7 +148,8 @@ class ServiceClient:
             if time.monotonic() + delay >= deadline:
                 break  # no time left for another attempt: that is a timeout, not a verdict on the server
             await asyncio.sleep(delay)
-        raise UpstreamError(f"deadline exceeded calling {method} {url} ({last})", kind=FailureKind.TIMEOUT)
+        raise UpstreamError(f"deadline exceeded calling {method} {url} (the {budget:g}s deadline; {last})",
+                            kind=FailureKind.TIMEOUT)
 
     async def post_json(self, url: str, payload: Any, **kwargs: Any) -> Any:
         """POST JSON and return the decoded JSON reply; a 4xx/5xx raises UpstreamError with its message."""

@@ -157,10 +157,19 @@ def resolve_secret_files(options: dict[str, Any], *, where: str = "config") -> d
     return out
 
 
+REPLACE_KEY = "_replace"  # in a stack file: this mapping replaces the one merged so far instead of merging
+DELETE = object()  # the value of a `~a.b` override: remove the key
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """`a.b.c=value` -> (["a", "b", "c"], value parsed as a YAML scalar/flow value)."""
+    """`a.b.c=value` -> (["a", "b", "c"], value parsed as a YAML scalar/flow value); `~a.b.c` -> DELETE."""
+    if text.startswith("~"):
+        path = [p for p in text[1:].strip().split(".") if p]
+        if not path or "=" in text:
+            raise ConfigError(f"override {text!r}: expected ~key (remove the key), e.g. ~servers.math.workers")
+        return path, DELETE
     if "=" not in text:
-        raise ConfigError(f"override {text!r}: expected key=value")
+        raise ConfigError(f"override {text!r}: expected key=value, or ~key to remove a key")
     key, raw = text.split("=", 1)
     path = [p for p in key.strip().split(".") if p]
     if not path:
@@ -179,10 +188,17 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
         for part in path[:-1]:
             child = node.get(part)
             if not isinstance(child, dict):
+                if value is DELETE:
+                    raise ConfigError(f"override {text!r}: there is no {'.'.join(path)} to remove")
                 child = {}
                 node[part] = child
             node = child
-        node[path[-1]] = value
+        if value is DELETE:
+            if path[-1] not in node:
+                raise ConfigError(f"override {text!r}: there is no {'.'.join(path)} to remove")
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
     return data
 
 
@@ -202,10 +218,13 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """Later files win key by key; a mapping with `_replace: true` replaces the earlier one whole."""
     out = dict(base)
     for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+        if isinstance(value, dict):
+            replace = value.get(REPLACE_KEY) is True or not isinstance(out.get(key), dict)
+            value = {k: v for k, v in value.items() if k != REPLACE_KEY}
+            out[key] = _merge({} if replace else out[key], value)
         else:
             out[key] = value
     return out

@@ -124,6 +124,16 @@ class Environment:
     def ready(self) -> bool:
         return self.pool is None or self.pool.ready
 
+    def parse_row(self, request: VerifyRequest) -> Any:
+        """The request as `request_model`, the row's task fields typed; a bad row is a 400 naming the field."""
+        if isinstance(request, self.request_model):
+            return request
+        try:
+            return self.request_model.model_validate({**(request.model_extra or {}), "response": request.response,
+                                                      "responses_create_params": request.responses_create_params})
+        except ValidationError as exc:
+            raise BadRequest(describe_validation_error(exc)) from None
+
     def ready_details(self) -> dict[str, Any]:
         """Extra fields for `/ready` (e.g. how the environment is isolated)."""
         return {}

@@ -187,9 +187,12 @@ def test_a_crashed_resource_container_loses_and_fabricates_nothing_and_comes_bac
     deadline = time.monotonic() + 600
     while not _records(tmp_path) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
+    written_at_kill, running_at_kill = len(_records(tmp_path)), proc.poll() is None
     os.kill(int(stack.inspect(container, "{{.State.Pid}}")), signal.SIGKILL)
     output, _ = proc.communicate(timeout=1800)
     assert proc.returncode == 0, output[-3000:]
+    # the kill landed mid-collect: some rollouts were written, the rest were still to come
+    assert running_at_kill and 0 < written_at_kill < len(rows) * repeats, (written_at_kill, output[-3000:])
     records = _records(tmp_path)
     keys = sorted((r["_ng_task_index"], r["_ng_rollout_index"]) for r in records)
     assert keys == sorted((t, k) for t in range(len(rows)) for k in range(repeats))  # none lost, none doubled

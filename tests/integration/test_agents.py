@@ -11,6 +11,7 @@ through the head are in tests/integration/test_agents_e2e.py.
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import httpx
@@ -154,23 +155,24 @@ def test_unreachable_model_server_is_an_upstream_failure(workplace):
     assert "model" in reply["failure_reason"]
 
 
+@pytest.mark.timeout(60)
 def test_step_deadline_times_out(fast_agent):
     row = scripted({"responses_create_params": {"input": "q"}, "expected_answer": "42"}, [{"sleep": 30}])
-    start = time.monotonic()
     reply = fast_agent.post("/run", row).json()
-    assert time.monotonic() - start < 15
     assert reply["mask_sample"] is True and reply["failure_kind"] == "timeout"
+    assert "model call 1" in reply["failure_reason"] and "the 1.5s deadline" in reply["failure_reason"]
 
 
+@pytest.mark.timeout(60)
 def test_rollout_deadline_times_out(fast_agent):
     tools = [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}]
     script = [{"sleep": 1.0, "tool_calls": [call("lookup")]} for _ in range(10)]
     row = scripted({"responses_create_params": {"input": "q", "tools": tools}, "expected_answer": "42"}, script)
-    start = time.monotonic()
     reply = fast_agent.post("/run", row).json()
-    assert time.monotonic() - start < 15
     assert reply["mask_sample"] is True and reply["failure_kind"] == "timeout"
-    assert "deadline" in reply["failure_reason"], reply["failure_reason"]
+    # the rollout's 4 s ran out: either between calls, or during a call given only what was left of it
+    reason = reply["failure_reason"]
+    assert "rollout deadline of 4.0s exceeded" in reason or re.search(r"the [0-2]\.\d+s deadline", reason), reason
 
 
 def test_run_rejects_bad_rows_with_a_clear_4xx(agent):
@@ -285,3 +287,30 @@ def test_agent_config_errors_name_the_option():
     nemo = Config(resources_server={"type": "resources_servers", "name": "math"},
                   model_server={"type": "responses_api_models", "name": "policy_model"})
     assert (nemo.resources_server, nemo.model_server) == ("math", "policy_model")
+
+
+def test_happy_path_with_a_real_model(exact):
+    """The stub replaced by `models/hf` (a tiny model taught the weather conversation): the agent sends the
+    row's conversation, the model's own answer comes back with its token ids, and exact_match scores it 1."""
+    from services.models.hf.tiny import WEATHER_ANSWER, WEATHER_QUESTION, WEATHER_RESULT, WEATHER_TOOLS, \
+        tiny_tool_model
+
+    tools = [{"type": "function", **WEATHER_TOOLS[0]["function"]}]
+    history = [{"role": "user", "content": WEATHER_QUESTION},
+               {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+               {"type": "function_call_output", "call_id": "call_1", "output": WEATHER_RESULT}]
+    with ServerProcess("models/hf", f"model={tiny_tool_model()}", "max_model_len=1024") as model, \
+            ServerProcess("agents/simple_agent", f"resources_url={exact.url}", f"model_url={model.url}",
+                          name="real_model_agent") as real:
+        right = real.post("/run", {"responses_create_params": {"input": history, "tools": tools, "temperature": 0,
+                                                               "max_output_tokens": 32},
+                                   "expected_answer": WEATHER_ANSWER}).json()
+        wrong = real.post("/run", {"responses_create_params": {"input": history, "tools": tools, "temperature": 0,
+                                                               "max_output_tokens": 32},
+                                   "expected_answer": "It is raining in Paris."}).json()
+    assert right["reward"] == 1.0 and right["mask_sample"] is False, right
+    message = items_of(right, "message")[-1]
+    assert message["content"][0]["text"] == WEATHER_ANSWER
+    assert message["generation_token_ids"] and len(message["generation_log_probs"]) == len(
+        message["generation_token_ids"])
+    assert wrong["reward"] == 0.0 and wrong["mask_sample"] is False

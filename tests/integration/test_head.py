@@ -123,6 +123,7 @@ def test_proxy_streams_a_chunked_request_body(head):
     assert r.status_code == 200 and r.json()["reward"] == 1.0
 
 
+@pytest.mark.timeout(60)
 def test_proxy_errors_name_the_server(head, hang_port):
     r = head.post("/servers/nobody/verify", json={})
     assert r.status_code == 404 and "nobody" in r.json()["detail"]
@@ -133,10 +134,9 @@ def test_proxy_errors_name_the_server(head, hang_port):
     assert r.status_code == 502 and "dead" in r.json()["detail"]
     leases["hangs"] = head.post("/register", json={"name": "hangs", "host": "127.0.0.1", "port": hang_port,
                                                    "ttl_s": 60}).json()["lease"]
-    start = time.monotonic()
     r = head.get("/servers/hangs/health")
     assert r.status_code == 504 and "hangs" in r.json()["detail"]
-    assert time.monotonic() - start < 10
+    assert "within the 1s read timeout" in r.json()["detail"]  # proxy_read_timeout_s, not the 600 s default
     for name in ("dead", "hangs"):
         assert head.post("/unregister", json={"name": name, "lease": leases[name]}).status_code == 200
 

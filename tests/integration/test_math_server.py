@@ -80,9 +80,10 @@ def test_one_megabyte_response(math_server: ServerProcess) -> None:
     text = "Let me think about this step by step. " * 27_000 + "So the answer is \\boxed{7}."
     assert len(text) > 1_000_000
     r = math_server.post("/verify", verify_body(text, expected_answer="7"))
-    assert r.status_code < 500
-    if r.status_code == 200:
-        assert r.json()["reward"] in (0.0, 1.0)
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["reward"] == 1.0 and r.json()["mask_sample"] is False  # the boxed answer at the end is found
+    wrong = math_server.post("/verify", verify_body(text, expected_answer="8")).json()
+    assert wrong["reward"] == 0.0 and wrong["mask_sample"] is False
 
 
 # ---- bad input -------------------------------------------------------------- #
@@ -178,24 +179,21 @@ def test_aggregate_metrics(math_server: ServerProcess) -> None:
 
 
 # ---- deadlines and crashes -------------------------------------------------- #
+@pytest.mark.timeout(120)
 def test_pathological_expression_costs_one_worker_not_the_others(math_server: ServerProcess) -> None:
-    def timed(text: str, expected: str) -> tuple[float, dict[str, Any]]:
-        start = time.monotonic()
-        reply = verify(math_server, text, expected_answer=expected)
-        return time.monotonic() - start, reply
-
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        slow = pool.submit(timed, PATHOLOGICAL, "7")
+        slow = pool.submit(verify, math_server, PATHOLOGICAL, expected_answer="7")
         time.sleep(0.3)  # let it reach a worker on its own
-        others = [pool.submit(timed, f"so the answer is \\boxed{{{n}}}", str(n)) for n in range(12)]
+        others = [pool.submit(verify, math_server, f"so the answer is \\boxed{{{n}}}", expected_answer=str(n))
+                  for n in range(12)]
         fast = [f.result() for f in others]
-        slow_elapsed, slow_reply = slow.result()
-    assert all(reply["reward"] == 1.0 for _, reply in fast)
-    assert max(elapsed for elapsed, _ in fast) < DEADLINE_S / 2  # well before the deadline
-    assert slow_elapsed >= DEADLINE_S - 0.5
+        # the other worker answered all twelve while the pathological one still held its worker
+        assert not slow.done()
+        slow_reply = slow.result()
+    assert all(reply["reward"] == 1.0 for reply in fast)
     assert slow_reply["reward"] == 0.0 and slow_reply["failure_kind"] == "timeout"
     assert slow_reply["mask_sample"] is False  # timeout_policy=zero (NeMo RL's behaviour)
-    assert "deadline" in slow_reply["failure_reason"]
+    assert f"the {DEADLINE_S:g}s deadline" in slow_reply["failure_reason"], slow_reply["failure_reason"]
     # the replaced worker serves again
     assert verify(math_server, "\\boxed{3}", expected_answer="3")["reward"] == 1.0
 

@@ -285,3 +285,26 @@ def test_concurrent_first_conversion_is_safe(tmp_path) -> None:
     folder = tmp_path / "models" / "smollm2-135m-instruct"
     assert (folder / "model.safetensors").stat().st_size > 100_000_000
     assert not [p for p in (tmp_path / "models").iterdir() if p.name.startswith(".smollm2") and p.is_dir()]
+
+
+def test_static_batching_without_weight_updates(tmp_path) -> None:
+    """`continuous_batching=false` (a batch runs to its end before the next starts) answers what the
+    continuous engine answers; `accept_weights=false` refuses `POST /v1/weights` naming the option."""
+    with ServerProcess("models/hf", f"model={tiny_tool_model()}", "max_batch_size=4", "max_model_len=1024",
+                       "default_max_tokens=32", "continuous_batching=false", "accept_weights=false") as proc:
+        static = OpenAI(base_url=f"{proc.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+        def ask(k: int):
+            return static.chat.completions.create(model="m", messages=weather_messages(k), tools=WEATHER_TOOLS,
+                                                  temperature=0, max_tokens=40).choices[0]
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:  # four rows share one static batch
+            calls, answers, *_ = list(pool.map(ask, [0, 1, 0, 1]))
+        assert calls.finish_reason == "tool_calls"
+        assert json.loads(calls.message.tool_calls[0].function.arguments) == WEATHER_CALL["arguments"]
+        assert answers.finish_reason == "stop" and answers.message.content == WEATHER_ANSWER
+        refused = httpx.post(f"{proc.url}/v1/weights", json={"path": str(tmp_path / "w.safetensors"), "version": 1},
+                             timeout=30)
+        assert refused.status_code == 400 and "accept_weights=false" in refused.json()["detail"]
+        models = httpx.get(f"{proc.url}/v1/models", timeout=30).json()["data"][0]
+        assert models["weights_version"] == 0

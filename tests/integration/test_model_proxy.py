@@ -185,3 +185,27 @@ def test_hf_completions_endpoint_rejects_bad_token_ids(upstream) -> None:
     r = upstream.post("/v1/completions", json={"model": "m", "prompt": [1, -5]},
                       headers={"Authorization": f"Bearer {UPSTREAM_KEY}"})
     assert r.status_code == 400 and "token IDs" in r.json()["detail"]
+
+
+def test_proxy_reads_token_ids_from_a_vllm_shaped_upstream() -> None:
+    """The upstream answers as vLLM does (`reply_format=vllm`: token IDs only through vLLM's request extras,
+    at the choice and top level, logprob tokens as token_id:N): the proxy's vLLM branch rebuilds the training
+    fields, the same IDs a gymserve-shaped reply carries."""
+    with ServerProcess("models/hf", f"model={tiny_tool_model()}", "max_model_len=1024", "reply_format=vllm",
+                       name="vllm_shaped") as upstream, \
+            ServerProcess("models/openai_proxy", f"base_url={upstream.url}", name="proxy_vllm") as proxy:
+        plain = upstream.post("/v1/chat/completions", json={"messages": weather_messages(1), "temperature": 0,
+                                                            "max_tokens": 16}).json()
+        assert "generation_token_ids" not in plain["choices"][0]["message"] and "token_ids" not in plain["choices"][0]
+        raw = upstream.post("/v1/chat/completions", json={
+            "messages": weather_messages(1), "tools": WEATHER_TOOLS, "temperature": 0, "max_tokens": 16,
+            "logprobs": True, "return_token_ids": True, "return_tokens_as_token_ids": True}).json()
+        vllm_ids, vllm_prompt = raw["choices"][0]["token_ids"], raw["prompt_token_ids"]
+        assert [e["token"] for e in raw["choices"][0]["logprobs"]["content"]] == [f"token_id:{t}" for t in vllm_ids]
+        client = OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        reply = client.chat.completions.create(model="m", messages=weather_messages(1), tools=WEATHER_TOOLS,
+                                               temperature=0, max_tokens=16)
+    assert reply.choices[0].message.content == WEATHER_ANSWER
+    fields = _extra(reply.choices[0].message)
+    assert fields["generation_token_ids"] == vllm_ids and fields["prompt_token_ids"] == vllm_prompt
+    assert len(fields["generation_log_probs"]) == len(vllm_ids) and all(lp <= 0 for lp in fields["generation_log_probs"])

@@ -1,7 +1,7 @@
 """A real trl.GRPOTrainer step with our rollout_func, GDPO reward functions, multi-turn env_mask
-and masked failures. The agent here is a scripted HTTP server that returns verify replies with
+and masked failures. Most tests use a scripted HTTP agent that returns verify replies with
 training token fields (two model calls, reward components, some masked), so TRL's contract is
-checked in seconds; the full real path (models/hf + simple_agent) is the slow e2e test."""
+checked in seconds; one slow test runs the real path (simple_agent, models/hf, math_multi_reward)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,7 @@ import random
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import uvicorn
@@ -154,3 +155,55 @@ def test_all_failed_batch_leaves_weights_finite(tokenizer, agent, tmp_path):
     trainer.train()
     # TRL clamps the loss normalizer to >= 1 token, so a batch with no loss token is a finite no-op step
     assert all(torch.isfinite(p).all() for p in model.parameters()), "an all-failed batch produced NaN weights"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_grpo_gdpo_step_through_real_agent_and_model(tokenizer, tmp_path):
+    """No scripted parts: rollouts come from a real simple_agent, `models/hf` (the tiny model, SmolLM2's
+    tokenizer) and math_multi_reward's three reward components; TRL trains on the model's own token IDs."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
+
+    from gymserve.testing import ServerProcess
+    from services.models.hf.tiny import tiny_tool_model
+    from trainer.jsonl import read_rows
+    from trainer.trl import make_rollout_func, reward_functions, to_trl_dataset
+
+    rows = read_rows(Path(__file__).parents[2] / "datasets" / "math_multi_reward" / "example.jsonl")[:2]
+    for row in rows:
+        row["agent_ref"] = {"type": "responses_api_agents", "name": "gdpo_agent"}
+    components = ["correctness", "format", "integer"]
+    with ServerProcess("models/hf", f"model={tiny_tool_model()}", "max_model_len=2048") as policy, \
+            ServerProcess("resources/math_multi_reward") as env, \
+            ServerProcess("agents/simple_agent", f"resources_url={env.url}", f"model_url={policy.url}",
+                          name="gdpo_agent") as agent:
+        seen: list[dict] = []
+        rollout = make_rollout_func(None, tokenizer, agents={"gdpo_agent": agent.url}, on_records=seen.extend)
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                             max_position_embeddings=2048, eos_token_id=tokenizer.eos_token_id,
+                                             pad_token_id=tokenizer.pad_token_id))
+        args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, max_steps=1, num_generations=2,
+                          per_device_train_batch_size=4, learning_rate=1e-3, logging_steps=1, report_to="none",
+                          save_strategy="no", multi_objective_aggregation="normalize_then_sum", beta=0.0,
+                          max_completion_length=8, gradient_checkpointing=False)
+        trainer = GRPOTrainer(model=model, reward_funcs=reward_functions(components), args=args,
+                              train_dataset=to_trl_dataset(rows), processing_class=tokenizer, rollout_func=rollout)
+        trainer.train()
+    assert len(seen) == 4 and not any(r.get("mask_sample") for r in seen), [r.get("failure_reason") for r in seen]
+    for record in seen:
+        assert sorted(record["reward_components"]) == components
+        assert record["reward"] == pytest.approx(sum(record["reward_components"].values()))
+        message = [i for i in record["response"]["output"] if i.get("generation_token_ids")][-1]
+        assert 0 < len(message["generation_token_ids"]) <= 8  # max_completion_length reached the model
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert logs and len(trainer._logs["completion"]) == 4
+    for name in components:  # TRL logged exactly the components the environment gave
+        mean = sum(r["reward_components"][name] for r in seen) / len(seen)
+        assert logs[0][f"rewards/reward_{name}/mean"] == pytest.approx(mean)
+    # the weights move only where a group's rewards differ (GRPO's advantage); the untrained tiny
+    # policy ties them, so the step must at least leave every weight finite
+    assert all(torch.isfinite(v).all() for v in model.state_dict().values())

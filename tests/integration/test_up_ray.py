@@ -162,7 +162,8 @@ def test_collect_survives_a_killed_math_replica(ray_up, tmp_path, monkeypatch):
         assert not r.get("mask_sample")
     for f in failures:  # an honest failure is masked, says why, and carries no reward
         assert f["mask_sample"] is True and f["failure_kind"] in FAILURE_KINDS and f["reward"] is None, f
-    assert len(failures) <= n // 20, f"{len(failures)} failures: {failures[:3]}"
+    # only rollouts in flight at kill time can fail: the client holds at most `concurrency` of them
+    assert len(failures) <= client.concurrency, f"{len(failures)} failures: {failures[:3]}"
 
     def replaced():
         replicas = _health(head)["math"]["replicas"]

@@ -35,6 +35,25 @@ def test_stack_files_merge_in_order_and_overrides_win(tmp_path):
     assert stack.servers["other"].port == 9001
 
 
+def test_a_stack_file_replaces_a_server_whole_and_an_override_removes_a_key(tmp_path):
+    """Swapping the default stack's policy for the stub: `_replace: true` drops the earlier keys
+    (models/hf's options would fail models/stub's check), `~key` removes one key."""
+    a = write(tmp_path, "a.yaml", "servers:\n  policy: {kind: models/hf, max_batch_size: 4, device: cpu}\n"
+                                  "  em: {kind: resources/exact_match, x: 1, y: 2}\n")
+    b = write(tmp_path, "b.yaml", "servers:\n  policy:\n    _replace: true\n    kind: models/stub\n"
+                                  "    script: [{text: Paris}]\n")
+    stack = load_stack([a, b], ["~servers.em.y"])
+    assert stack.servers["policy"].kind == "models/stub"
+    assert stack.servers["policy"].options == {"script": [{"text": "Paris"}]}
+    assert stack.servers["em"].options == {"x": 1}
+    merged = load_stack([a, write(tmp_path, "c.yaml", "servers:\n  policy: {kind: models/stub}\n")])
+    assert merged.servers["policy"].options == {"max_batch_size": 4, "device": "cpu"}  # merging keeps them
+    with pytest.raises(ConfigError, match="no servers.em.z to remove"):
+        load_stack([a], ["~servers.em.z"])
+    with pytest.raises(ConfigError, match="expected ~key"):
+        load_stack([a], ["~servers.em.x=3"])
+
+
 def test_stack_error_names_file_and_key(tmp_path):
     bad = write(tmp_path, "bad.yaml", "servers:\n  em: {kind: resources/exact_match, port: 99999}\n")
     with pytest.raises(ConfigError) as info:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -10,15 +9,14 @@ from services.core.pool import PoolOverloaded, TaskError, WorkerCrash, WorkerPoo
 from tests.unit import pool_fns
 
 
+@pytest.mark.timeout(30)  # a sleeper that blocked the pool would sleep its 60 s
 async def test_sleeping_item_times_out_while_others_flow():
     async with WorkerPool(2, deadline_s=1.0) as pool:
-        start = time.monotonic()
         sleeper = asyncio.ensure_future(pool.run(pool_fns.sleep, 60))
         results = await asyncio.gather(*(pool.run(pool_fns.add, i, 1) for i in range(200)))
         assert results == [i + 1 for i in range(200)]
-        with pytest.raises(WorkerTimeout):
+        with pytest.raises(WorkerTimeout, match="exceeded the 1s deadline"):
             await sleeper
-        assert time.monotonic() - start < 1.0 + 0.5
         assert pool.stats["timeouts"] == 1
         assert await pool.run(pool_fns.add, 2, 2) == 4
 

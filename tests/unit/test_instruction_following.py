@@ -128,17 +128,15 @@ ADVERSARIAL = [" " * 200_000, "\n" * 200_000, "." * 200_000, "[" * 200_000, "<<"
                "mr. " * 50_000, "(" * 200_000, "p" + " " * 200_000, "A" + " " * 200_000 + "x"]
 
 
+@pytest.mark.timeout(60)  # generous: linear is ~1 s on a loaded 2-core machine, quadratic takes many minutes
 @pytest.mark.parametrize("text", ADVERSARIAL, ids=lambda t: repr(t[:6]))
 def test_every_regex_check_is_linear_on_adversarial_text(text):
     """A quadratic check would take minutes on 200k characters; all of them together take well under a second."""
-    import time
     slow = {"language:response_language", "change_case:english_capital", "change_case:english_lowercase"}
     ids = sorted(set(REGISTRY) - slow)
     kwargs = {c[0]: c[1] for c in CASES}
     pairs = parse_row(ids, [kwargs[i] for i in ids])
-    start = time.perf_counter()
     check_row(text, pairs, loose=True)
-    assert time.perf_counter() - start < 20.0  # generous: linear is ~1 s on a loaded 2-core machine
 
 
 def test_linear_rewrites_agree_with_ifeval_regexes():

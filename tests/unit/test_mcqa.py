@@ -123,11 +123,9 @@ def test_ambiguous_option_text_gives_nothing():
                                   "\\boxed{" + " " * 100_000, "\\boxed{" + "(" * 100_000, "(" * 100_000,
                                   "*" * 100_000 + "x", "A" + " " * 100_000 + "x", "answer:" + "(" * 100_000],
                          ids=lambda t: repr(t[:8]))
+@pytest.mark.timeout(60)
 def test_default_and_nemo_patterns_are_linear(text):
     """Each pattern on 100k adversarial characters: linear takes milliseconds, quadratic would take minutes."""
-    import time
-    start = time.perf_counter()
     pick(text)
     for patterns, fallback in GRADING_MODES.values():
         extract_letter(text, OPTIONS, compile_patterns(patterns), fallback)
-    assert time.perf_counter() - start < 20.0

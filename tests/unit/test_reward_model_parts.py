@@ -330,3 +330,17 @@ async def test_not_ready_until_the_model_is_loaded(tiny):
         assert env.ready()
     finally:
         await env.shutdown()
+
+
+def test_model_name_tiny_builds_the_random_model_once_into_the_cache(tmp_path, monkeypatch):
+    """`model_name: tiny` (the default stack's setting) resolves to one cached folder, built on first use."""
+    from services.resources.reward_model.tiny_model import TINY_NAME, cached_tiny_reward_model
+
+    monkeypatch.setenv("GYMSERVE_CACHE_DIR", str(tmp_path))
+    assert TINY_NAME == "tiny"
+    folder = cached_tiny_reward_model()
+    assert folder.parent == tmp_path / "models" and (folder / "config.json").is_file()
+    built = (folder / "config.json").stat().st_mtime_ns
+    assert cached_tiny_reward_model() == folder and (folder / "config.json").stat().st_mtime_ns == built
+    assert [p.name for p in (tmp_path / "models").iterdir() if not p.name.startswith(".")] == [folder.name]
+    assert load_tokenizer(str(folder)).chat_template  # a complete model folder, tokenizer included

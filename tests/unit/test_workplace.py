@@ -42,7 +42,11 @@ def test_dataset_has_enough_tasks_and_each_truth_scores_one():
     for row in ROWS.values():
         assert row["agent_ref"]["name"] == "workplace_simple_agent"
         assert len(row["responses_create_params"]["tools"]) >= 10
+        seed = WorkplaceDB.from_row(row)
+        # the truth is a real task: it changes the seeded state, and its last call is needed
+        assert diff_tables(replay(seed.copy(), truth(row), strict=True), seed), row["task_id"]
         assert score(row, truth(row)) == 1.0
+        assert score(row, truth(row)[:-1]) == 0.0, row["task_id"]  # stopping one call short fails
         assert score(row, []) == 0.0  # doing nothing never passes
 
 
@@ -215,3 +219,75 @@ def test_verify_can_close_the_session(server):
     kept = server.post("/seed_session", row).json()["session_id"]
     server.post("/verify", {**row, "response": _response_with_calls([])}, headers={"X-Session-Id": kept})
     assert server.post("/search_events", {}, headers={"X-Session-Id": kept}).status_code == 200  # no header: kept
+
+
+def test_directory_reply_forward_and_deletes_change_exactly_what_they_name():
+    """The tools no dataset task uses yet: each one's result and its effect on the state."""
+    db = WorkplaceDB.from_row({})
+    carla = next(e for e in db.rows("employees") if e["email"] == "carla.rossi@lumen.io")
+    assert wp.call(db, "find_email_address", {"name": "carla"}) == [
+        {"name": "Carla Rossi", "email": "carla.rossi@lumen.io", "title": carla["title"]}]
+    found = wp.call(db, "find_email_address", {"name": "ROSSI"})
+    assert [e["email"] for e in found] == ["carla.rossi@lumen.io"]
+    assert wp.call(db, "find_email_address", {"name": "nobody-here"}) == []
+
+    emails = len(db.rows("emails"))
+    reply = wp.call(db, "reply_email", {"email_id": "EM001", "body": " Numbers attached. "})
+    sent = db.get("emails", reply["email_id"])
+    assert (sent["folder"], sent["sender"], sent["recipient"], sent["subject"], sent["body"]) == (
+        "sent", "alice.chen@lumen.io", "carla.rossi@lumen.io", "Re: Q1 budget review", "Numbers attached.")
+    again = db.get("emails", wp.call(db, "reply_email", {"email_id": reply["email_id"], "body": "x"})["email_id"])
+    assert again["subject"] == "Re: Q1 budget review"  # no "Re: Re: "
+    fwd = db.get("emails", wp.call(db, "forward_email", {"email_id": "EM001",
+                                                         "recipient": "bob.martinez@lumen.io"})["email_id"])
+    original = db.get("emails", "EM001")
+    assert (fwd["recipient"], fwd["subject"], fwd["body"]) == (
+        "bob.martinez@lumen.io", "Fwd: Q1 budget review", original["body"])
+    assert len(db.rows("emails")) == emails + 3
+
+    tasks = {t["task_id"] for t in db.rows("tasks")}
+    assert wp.call(db, "delete_task", {"task_id": "T001"}) == {"status": "deleted", "task_id": "T001"}
+    assert {t["task_id"] for t in db.rows("tasks")} == tasks - {"T001"}
+
+    owned = wp.call(db, "search_customers", {"assigned_to_email": "emma.novak"})
+    assert owned and all(c["assigned_to_email"] == "emma.novak@lumen.io" for c in owned)
+    assert [c["customer_id"] for c in owned] == sorted(c["customer_id"] for c in owned)
+    assert [c["customer_id"] for c in wp.call(db, "search_customers", {"customer_name": "northwind"})] == ["C001"]
+    proposal = wp.call(db, "search_customers", {"status": "Proposal", "product_interest": "Software"})
+    assert "C001" in {c["customer_id"] for c in proposal}
+    assert all((c["status"], c["product_interest"]) == ("Proposal", "Software") for c in proposal)
+    assert wp.call(db, "delete_customer", {"customer_id": "C001"}) == {"status": "deleted", "customer_id": "C001"}
+    assert wp.call(db, "search_customers", {"customer_name": "northwind"}) == []
+
+
+@pytest.mark.parametrize("name,args,needle", [
+    ("reply_email", {"email_id": "EM999", "body": "x"}, "EM999"),
+    ("forward_email", {"email_id": "EM001", "recipient": "not-an-email"}, "recipient"),
+    ("delete_task", {"task_id": "T999"}, "T999"),
+    ("delete_customer", {"customer_id": "C999"}, "C999"),
+    ("search_customers", {"status": "Happy"}, "status"),
+    ("find_email_address", {}, "name"),
+])
+def test_untouched_tools_reject_bad_arguments_by_name(name, args, needle):
+    db = WorkplaceDB.from_row({})
+    before = db.canonical()
+    with pytest.raises(BadRequest, match=needle):
+        wp.call(db, name, args)
+    assert db.canonical() == before
+
+
+def test_idle_sessions_expire_after_session_ttl_s():
+    """`session_ttl_s`: a session idle longer is dropped (409 naming it); one in use stays alive."""
+    import time
+
+    with ServerProcess("resources/workplace", "session_ttl_s=1.5") as proc:
+        idle = proc.post("/seed_session", {}).json()["session_id"]
+        busy = proc.post("/seed_session", {}).json()["session_id"]
+        assert proc.post("/delete_email", {"email_id": "EM001"}, headers={"X-Session-Id": busy}).status_code == 200
+        for _ in range(6):  # 3 s of use, each call well inside the ttl
+            time.sleep(0.5)
+            assert proc.post("/search_emails", {}, headers={"X-Session-Id": busy}).status_code == 200
+        gone = proc.post("/search_emails", {}, headers={"X-Session-Id": idle})
+        assert gone.status_code == 409 and idle in gone.json()["detail"] and "expired" in gone.json()["detail"]
+        kept = proc.post("/search_emails", {"limit": 50}, headers={"X-Session-Id": busy}).json()
+        assert "EM001" not in {m["email_id"] for m in kept}  # the busy session kept its state

@@ -45,6 +45,10 @@ class Config(ServerConfig):
         "length", description="prompt too long: empty completion with finish_reason length (+ context_length_exceeded) "
                               "or a 400 worded like vLLM's")
     training_mode: bool = Field(True, description="attach token IDs and logprobs to each call's last output item")
+    reply_format: Literal["gymserve", "vllm"] = Field(
+        "gymserve", description="vllm: chat replies carry token IDs only as vLLM returns them (prompt_token_ids and "
+                                "token_ids with return_token_ids, logprob tokens as token_id:N with "
+                                "return_tokens_as_token_ids), none on the message: for testing vLLM clients")
     session_cache_size: int = Field(4096, ge=0, description="sessions whose last turn is kept for token continuity")
     max_prompt_chars: int = Field(1_000_000, gt=0, description="longer prompts (characters in all messages) get 413 "
                                                                "before any rendering or tokenizing")
@@ -126,6 +130,8 @@ def build(config: Config) -> FastAPI:
                                   prompt_tokens=len(turn.prompt_ids),
                                   completion_tokens=sum(len(c.generation.token_ids) for c in choices),
                                   **({"context_length_exceeded": True} if turn.overflow else {}))
+        if config.reply_format == "vllm":
+            _vllm_token_fields(body, req, turn.prompt_ids, choices)
         return JSONResponse(body)
 
     @app.post("/v1/completions", **describe(body=oa.CompletionRequest, reply=oa.Completion, stream=True,
@@ -234,6 +240,21 @@ def _chat_choice(index: int, choice: Choice, model: HFModel, logprobs: bool) -> 
     out: dict[str, Any] = {"index": index, "message": message, "finish_reason": choice.finish_reason,
                            "logprobs": _chat_logprobs(model, choice) if logprobs else None}
     return out
+
+
+def _vllm_token_fields(body: dict[str, Any], req: ChatRequest, prompt_ids: list[int], choices: list[Choice]) -> None:
+    """Move token IDs where vLLM's chat endpoint puts them, and only when the request asks as vLLM requires."""
+    extras = req.model_extra or {}
+    for out, choice in zip(body["choices"], choices):
+        for field in (*oa.TRAINING_FIELDS, "token_continuity_broken"):
+            out["message"].pop(field, None)
+        if extras.get("return_token_ids"):
+            out["token_ids"] = list(choice.generation.token_ids)
+        if extras.get("return_tokens_as_token_ids") and out["logprobs"]:
+            for entry, tid in zip(out["logprobs"]["content"], choice.generation.token_ids):
+                entry["token"] = f"token_id:{tid}"
+    if extras.get("return_token_ids"):
+        body["prompt_token_ids"] = list(prompt_ids)
 
 
 def _chat_logprobs(model: HFModel, choice: Choice) -> dict[str, Any]:

@@ -81,6 +81,17 @@ def score(task: str, text: str, entry: dict[str, Any], mode: str = "tags_then_bo
           source: dict[str, Any] | None = None) -> tuple[float, str]:
     """(the task's own score of the extracted answer, the extracted answer)."""
     answer = extract_answer(text, mode)
+    if task in _OWN_SCORERS:
+        return _OWN_SCORERS[task](answer, entry), answer
     entry, dataset = original_entry(task, entry, source)
     score_answer = dataset.score_answer if dataset is not None else scorer(task)
     return float(score_answer(answer, entry)), answer
+
+
+def _same_boolean(answer: str, entry: dict[str, Any]) -> float:
+    return 1.0 if answer.strip().lower() == str(entry.get("answer")).strip().lower() else 0.0
+
+
+# Tasks whose reasoning-gym scorer rewards wrong answers: game_of_life_halting compares
+# bool(answer) == bool(entry["answer"]), so any non-empty text ("False", "no idea") scores 1.0.
+_OWN_SCORERS: dict[str, Callable[[str, dict[str, Any]], float]] = {"game_of_life_halting": _same_boolean}

@@ -30,6 +30,7 @@ from services.core.schemas import VerifyReply, VerifyRequest
 from .batcher import DynamicBatcher
 from .formatting import Encoded, Encoder, rollout_messages, validate_conversation
 from .scorer import HFScorer, ScoringError, load_tokenizer, resolve_devices
+from .tiny_model import TINY_NAME, cached_tiny_reward_model
 from .transforms import ScoreTransform
 from .vllm_backend import VLLMScorer, vllm_available
 
@@ -41,7 +42,8 @@ INLINE_TOKENIZE_MAX = 4  # requests with more conversations are tokenized on the
 
 class Config(ResourceConfig):
     model_name: str = Field(..., description="reward model: local path or hub id "
-                                             "(AutoModelForSequenceClassification, num_labels=1)")
+                                             "(AutoModelForSequenceClassification, num_labels=1); "
+                                             "`tiny` = a small random model built offline (for trying it out)")
     tokenizer: str | None = Field(None, description="tokenizer path/id; default: the model's")
     chat_template: str | None = Field(None, description="override the tokenizer's chat template (jinja)")
     precision: Literal["auto", "bfloat16", "float16", "float32"] = Field(
@@ -150,6 +152,8 @@ class RewardModel(Environment):
 
     def _load(self) -> None:
         cfg = self.config
+        if cfg.model_name == TINY_NAME:
+            cfg.model_name = str(cached_tiny_reward_model())
         devices = resolve_devices(cfg.device)
         tokenizer = load_tokenizer(cfg.tokenizer or cfg.model_name, trust_remote_code=cfg.trust_remote_code)
         max_len = cfg.max_model_len or _model_max_len(cfg.model_name, tokenizer, cfg.trust_remote_code)

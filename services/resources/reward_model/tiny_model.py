@@ -68,6 +68,35 @@ def build_tiny_reward_model(path: str | Path, *, hidden_size: int = 64, num_laye
     return out
 
 
+TINY_NAME = "tiny"  # `model_name: tiny`: this model, built once into the cache (the default stack's setting)
+
+
+def cached_tiny_reward_model() -> Path:
+    """The tiny reward model under `$GYMSERVE_CACHE_DIR/models`, built once (a lock serialises parallel starts)."""
+    import fcntl
+    import os
+    import shutil
+    import tempfile
+
+    from services.models.hf.embedded import cache_root
+
+    folder = cache_root() / "models" / "tiny-reward-model-v1"
+    if (folder / "config.json").exists():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "config.json").exists():
+            tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+            try:
+                build_tiny_reward_model(tmp)
+                os.rename(tmp, folder)  # atomic: readers see nothing or the whole folder
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+    return folder
+
+
 if __name__ == "__main__":  # python -m services.resources.reward_model.tiny_model DIR
     import sys
 

@@ -177,7 +177,7 @@ class CodeEnv(Environment):
                 return await self.run(case.program, case.stdin, self.test_limits)
 
         results = await asyncio.gather(*(one(c) for c in cases))
-        extra = {"sandbox": self.sandbox.mode}
+        extra: dict[str, Any] = {"sandbox": self.sandbox.mode}
         broken = next((r.sandbox_error for r in results if r.sandbox_error), None)
         if broken:
             log.error("sandbox failure during verify: %s", broken)

@@ -196,6 +196,36 @@ def test_ifeval_bad_input(ifeval):
     assert reply["reward"] == 0.0 and reply["instruction_results"][0]["passed"] is False
 
 
+def test_ifeval_nemo_gym_verifier_metadata_rows(ifeval):
+    """NeMo-Gym's row format: fields under verifier_metadata (winning over top-level ones),
+    grading_mode per row (the server runs reward_mode=fraction), the last output item judged."""
+    meta = {"instruction_id_list": ["punctuation:no_comma", "change_case:english_lowercase"], "kwargs": [{}, None],
+            "prompt": "p"}
+    text = "no commas, Here"  # breaks both
+    row = {"id": 7, "responses_create_params": {"input": "q"}}
+    binary = ifeval.post("/verify", json={**verify_body("all lower no commas"), **row,
+                                          "verifier_metadata": {**meta, "grading_mode": "binary"}}).json()
+    assert binary["reward"] == 1.0 and binary["follow_instruction_list"] == [True, True]
+    half = ifeval.post("/verify", json={**verify_body("Upper no commas"), **row, "verifier_metadata": meta}).json()
+    assert half["reward"] == 0.5  # no grading_mode: the server's reward_mode
+    strict = ifeval.post("/verify", json={**verify_body("Upper no commas"), **row, "grading_mode": "fraction",
+                                          "verifier_metadata": {**meta, "grading_mode": "binary"}}).json()
+    assert strict["reward"] == 0.0  # verifier_metadata wins over the top level
+    legacy = ifeval.post("/verify", json={**verify_body("Upper no commas"), **row, "grading_mode": "binary",
+                                          "instruction_id_list": meta["instruction_id_list"], "kwargs": [{}, {}]})
+    assert legacy.json()["reward"] == 0.0
+    two_items = verify_body(text)
+    two_items["response"]["output"].append({"type": "message", "role": "assistant",
+                                            "content": [{"type": "output_text", "text": "fine now"}]})
+    last = ifeval.post("/verify", json={**two_items, **row, "verifier_metadata": meta}).json()
+    assert last["reward"] == 1.0  # only the last output item, as NeMo-Gym reads it
+    assert_bad_request(ifeval.post("/verify", json={**verify_body("x"), **row, "verifier_metadata": {
+        **meta, "grading_mode": "partial"}}), "verifier_metadata.grading_mode")
+    assert_bad_request(ifeval.post("/verify", json={**verify_body("x"), **row, "verifier_metadata": {
+        **meta, "instruction_id_list": ["made:up"], "kwargs": [{}]}}), "made:up")
+    assert ifeval.post("/verify", json={**verify_body("x"), "verifier_metadata": "nope"}).status_code in (400, 422)
+
+
 def test_ifeval_batch_items_fail_alone_and_aggregate(ifeval):
     good = verify_body("fine", instruction_id_list=["punctuation:no_comma"], kwargs=[{}])
     bad = verify_body("fine", instruction_id_list=["made:up"], kwargs=[{}])

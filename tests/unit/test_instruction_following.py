@@ -52,6 +52,13 @@ CASES = [
     ("punctuation:no_comma", {}, "No commas here.", "One, two."),
     ("language:response_language", {"language": "de"}, "Das ist ein kurzer Satz auf Deutsch über das Wetter heute.",
      "This is a short sentence in English about the weather today."),
+    # open-instruct ids (NeMo-Gym's verifiable-instructions semantics)
+    ("last_word:last_word_answer", {"last_word": "Contest"}, "We won the contest!", "The contest we won."),
+    ("first_word:first_word_sent", {"first_word": "crash"}, "Crash here. crash there! CRASH now? ", "Crash. CRASH?"),
+    ("count:lowercase_counting", {"N": 3}, "ALL CAPS and lower words", "one two three four"),
+    ("letters:letter_counting", {"N": 5, "relation": "less than"}, "abcd 123", "abcde"),
+    ("letters:letter_counting", {"N": 5, "relation": "at least"}, "abcde", "ab 12 !"),
+    ("paragraphs:paragraphs", {}, "*** First part.\n***\nSecond part. ***", "One.\n***\n\n***\nTwo."),
 ]
 
 
@@ -85,6 +92,17 @@ def test_loose_accepts_what_strict_rejects():
     # asterisks removed: "*Title*" highlight would not matter, but a comma check stays strict
     assert follows("punctuation:no_comma", "Intro, hi\nbody", loose=True) is True
     assert follows("punctuation:no_comma", "a, b", loose=True) is False
+
+
+def test_open_instruct_edge_cases_as_nemo_gym_judges_them():
+    assert not follows("last_word:last_word_answer", "", last_word="x")  # no last word
+    assert follows("last_word:last_word_answer", "the end: (x).", last_word="x")  # punctuation stripped
+    assert not follows("first_word:first_word_sent", "", first_word="x")  # an empty response follows nothing
+    assert not follows("paragraphs:paragraphs", "One paragraph only.")
+    with pytest.raises(InstructionError, match="'N'"):
+        parse_row(["count:lowercase_counting"], [{"N": 0}])
+    with pytest.raises(InstructionError, match="relation"):
+        parse_row(["letters:letter_counting"], [{"N": 2, "relation": "about"}])
 
 
 def test_empty_response_follows_nothing():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from typing import Any, Literal
 
 from fastapi import FastAPI
@@ -25,6 +26,7 @@ from services.core.replies import MAX_REASON_CHARS, failed_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app, tool
 from services.core.schemas import VerifyReply, VerifyRequest
 
+from . import nemo_rows
 from . import verify as judge
 from .repl import Repl
 from .sandbox import ExecResult, Limits, Sandbox, SandboxError
@@ -148,12 +150,26 @@ class CodeEnv(Environment):
 
     async def verify(self, request: VerifyRequest, session: Session | None) -> VerifyReply:
         row = request.model_extra or {}
+        if nemo_rows.is_nemo_row(row):
+            return await self.verify_nemo_row(request, row)
         _, tests, test_code, entry = judge.parse_tests(row, self.config.max_tests)
         mode = row.get("reward_mode", self.config.reward_mode)
         if mode not in ("fraction", "all"):
             raise BadRequest("reward_mode: expected 'fraction' or 'all'")
         program = judge.extract_program(request.text())
-        cases = judge.plan(program, tests, test_code, entry)
+        return await self.run_cases(request, judge.plan(program, tests, test_code, entry), mode)
+
+    async def verify_nemo_row(self, request: VerifyRequest, row: dict[str, Any]) -> VerifyReply:
+        """A NeMo-Gym code_gen row: its extraction, comparison and all-or-nothing reward (nemo_rows.py)."""
+        tests = nemo_rows.parse_unit_tests(row, self.config.max_tests)
+        text = request.text()
+        program = nemo_rows.extract_code(text)
+        if not text.strip() or not program or nemo_rows.has_think_tag(text):
+            return scored_reply(request, 0.0, tests_passed=0, tests_total=len(tests), sandbox=self.sandbox.mode)
+        return await self.run_cases(request, judge.plan(program, tests, None, None), "all", nemo_rows.outputs_match)
+
+    async def run_cases(self, request: VerifyRequest, cases: list[judge.Case], mode: str,
+                    match: Callable[[str, str], bool] = judge.outputs_match) -> VerifyReply:
         lane = asyncio.Semaphore(self.config.tests_parallel)
 
         async def one(case: judge.Case) -> ExecResult:
@@ -161,12 +177,12 @@ class CodeEnv(Environment):
                 return await self.run(case.program, case.stdin, self.test_limits)
 
         results = await asyncio.gather(*(one(c) for c in cases))
-        extra = {"sandbox": self.sandbox.mode}
+        extra: dict[str, Any] = {"sandbox": self.sandbox.mode}
         broken = next((r.sandbox_error for r in results if r.sandbox_error), None)
         if broken:
             log.error("sandbox failure during verify: %s", broken)
             return failed_reply(request, FailureKind.SANDBOX, broken, tests_total=len(cases), **extra)
-        outcomes = [judge.classify(c, r, self.test_limits.cpu_s) for c, r in zip(cases, results)]
+        outcomes = [judge.classify(c, r, self.test_limits.cpu_s, match) for c, r in zip(cases, results)]
         passed = sum(1 for o in outcomes if o["passed"])
         return scored_reply(request, judge.reward(outcomes, mode), tests_passed=passed,
                            tests_total=len(outcomes), test_results=outcomes, **extra)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from services.core.errors import BadRequest
@@ -82,8 +83,14 @@ def plan(program: str, tests: list[dict[str, str]] | None, test_code: str | None
     return cases
 
 
-def classify(case: Case, result: ExecResult, cpu_s: float = float("inf")) -> dict[str, Any]:
-    """Per-test outcome: passed, failure_kind (timeout, memory, output_limit, runtime_error, wrong_answer)."""
+def outputs_match(expected: str, got: str) -> bool:
+    return normalise_output(got) == normalise_output(expected)
+
+
+def classify(case: Case, result: ExecResult, cpu_s: float = float("inf"),
+             match: Callable[[str, str], bool] = outputs_match) -> dict[str, Any]:
+    """Per-test outcome: passed, failure_kind (timeout, memory, output_limit, runtime_error, wrong_answer);
+    `match(expected, stdout)` compares a stdio test's output."""
     stderr = result.stderr
     kind: str | None = None
     if result.oom_killed:  # the sandbox's memory cgroup hit its cap (whatever happened next)
@@ -97,7 +104,7 @@ def classify(case: Case, result: ExecResult, cpu_s: float = float("inf")) -> dic
         kind = "memory"
     elif result.exit_code != 0:
         kind = "wrong_answer" if case.expected is None and "AssertionError" in stderr[-2000:] else "runtime_error"
-    elif case.expected is not None and normalise_output(result.stdout) != normalise_output(case.expected):
+    elif case.expected is not None and not match(case.expected, result.stdout):
         kind = "wrong_answer"
     out: dict[str, Any] = {"passed": kind is None, "failure_kind": kind, "exit_code": result.exit_code,
                            "time_s": round(result.wall_s, 3)}

@@ -1,6 +1,7 @@
 """instruction_following: IFEval-style verifiable instructions.
 
-Row fields (IFEval's): `instruction_id_list` and a parallel `kwargs` list. The reply adds
+Row fields (IFEval's): `instruction_id_list` and a parallel `kwargs` list, top-level or in
+NeMo-Gym's `verifier_metadata` (nemo_format.py). The reply adds
 `instruction_results: [{id, passed}]` plus NeMo-Gym's `follow_all_instructions` and
 `follow_instruction_list`. Short responses with regex-only checks run inline; language
 detection and long responses run in the worker pool under its deadline.
@@ -18,6 +19,7 @@ from services.core.replies import exception_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app
 from services.core.schemas import VerifyReply, VerifyRequest
 
+from . import nemo_format
 from .checks import InstructionError, check_row, detect_language, needs_slow_path, parse_row
 
 
@@ -39,8 +41,11 @@ def warm_worker() -> None:
 
 
 class InstructionFollowingRequest(VerifyRequest):
-    instruction_id_list: list[str] = Field(description="IFEval instruction ids, e.g. punctuation:no_comma")
+    instruction_id_list: list[str] | None = Field(
+        None, description="IFEval instruction ids, e.g. punctuation:no_comma (here or in verifier_metadata)")
     kwargs: list[dict[str, Any] | None] | None = Field(None, description="arguments of each instruction, in order")
+    verifier_metadata: dict[str, Any] | None = Field(
+        None, description="NeMo-Gym's row format: instruction_id_list, kwargs, grading_mode (binary or fraction)")
 
 
 class InstructionResult(BaseModel):
@@ -70,7 +75,8 @@ class InstructionFollowing(Environment):
         return warm_worker
 
     async def verify(self, request: VerifyRequest, session: Session | None) -> VerifyReply:
-        ids, kwargs = request.field("instruction_id_list"), request.field("kwargs")
+        row = nemo_format.row_fields(request)
+        ids, kwargs = row["instruction_id_list"], row["kwargs"]
         if ids is None:
             raise BadRequest("instruction_id_list: missing (the row needs IFEval's instruction_id_list and kwargs)")
         if isinstance(ids, list) and len(ids) > self.config.max_instructions:
@@ -80,7 +86,8 @@ class InstructionFollowing(Environment):
             pairs = parse_row(ids, kwargs)
         except InstructionError as exc:
             raise BadRequest(str(exc)) from None
-        text = request.text()
+        text = nemo_format.final_text(request.response) if row["nemo"] else request.text()
+        mode = row["reward_mode"] or self.config.reward_mode
         loose = self.config.strictness == "loose"
         work = len(text) * len(pairs) * (8 if loose else 1)
         if needs_slow_path(pairs) or work > self.config.inline_max_work:
@@ -91,7 +98,7 @@ class InstructionFollowing(Environment):
         else:
             passed = check_row(text, pairs, loose)
         all_passed = all(passed)
-        reward = float(all_passed) if self.config.reward_mode == "all" else sum(passed) / len(passed)
+        reward = float(all_passed) if mode == "all" else sum(passed) / len(passed)
         return scored_reply(
             request, reward,
             instruction_results=[{"id": iid, "passed": ok} for (iid, _), ok in zip(pairs, passed)],

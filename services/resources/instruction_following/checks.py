@@ -377,6 +377,81 @@ def _quotation(iid: str, kw: dict[str, Any]) -> Check:
     return check
 
 
+# --------------------------------------------------------------------------- #
+# open-instruct ids NeMo-Gym's example rows use (its `verifiable-instructions` semantics)
+# --------------------------------------------------------------------------- #
+_OI_STARTERS = (r"(Mr|Mrs|Ms|Dr|Prof|Capt|Cpt|Lt|He\s|She\s|It\s|They\s|Their\s|Our\s|We\s|But\s|However\s|"
+                r"That\s|This\s|Wherever)")
+_OI_SENTENCE_STEPS = [
+    (re.compile(r"(Mr|St|Mrs|Ms|Dr)[.]"), "\\1<prd>"),
+    (re.compile(r"[.](com|net|org|io|gov|edu|me)"), "<prd>\\1"),
+    (re.compile(r"([0-9])[.]([0-9])"), "\\1<prd>\\2"),
+]
+_OI_LATER_STEPS = [
+    (re.compile(r"\s([A-Za-z])[.] "), " \\1<prd> "),
+    (re.compile(r"([A-Z][.][A-Z][.](?:[A-Z][.])?) " + _OI_STARTERS), "\\1<stop> \\2"),
+    (re.compile(r"([A-Za-z])[.]([A-Za-z])[.]([A-Za-z])[.]"), "\\1<prd>\\2<prd>\\3<prd>"),
+    (re.compile(r"([A-Za-z])[.]([A-Za-z])[.]"), "\\1<prd>\\2<prd>"),
+    (re.compile(r" (Inc|Ltd|Jr|Sr|Co)[.] " + _OI_STARTERS), " \\1<stop> \\2"),
+    (re.compile(r" (Inc|Ltd|Jr|Sr|Co)[.]"), " \\1<prd>"),
+    (re.compile(r" ([A-Za-z])[.]"), " \\1<prd>"),
+]
+_OI_DOTS = re.compile(r"\.{2,}")
+_OI_LOWER_WORD = re.compile(r"\b[a-z]+\b")
+_OI_LETTER = re.compile(r"[a-zA-Z]")
+_OI_DIVIDER = re.compile(r"\s?\*\*\*\s?")
+_OI_PUNCTUATION = re.compile(r"[^\w\s]")
+
+
+def split_sentences_ifeval_regex(text: str) -> list[str]:
+    """IFEval's regex sentence splitter (its `split_into_sentences`), which open-instruct's
+    first-word check uses: kept as is, so verdicts match NeMo-Gym's."""
+    text = (" " + text + "  ").replace("\n", " ")
+    for pattern, replacement in _OI_SENTENCE_STEPS:
+        text = pattern.sub(replacement, text)
+    text = _OI_DOTS.sub(lambda m: "<prd>" * len(m.group(0)) + "<stop>", text)
+    text = text.replace("Ph.D.", "Ph<prd>D<prd>")
+    for pattern, replacement in _OI_LATER_STEPS:
+        text = pattern.sub(replacement, text)
+    text = text.replace(".\u201d", "\u201d.").replace('."', '".').replace('!"', '"!').replace('?"', '"?')
+    text = text.replace(".", ".<stop>").replace("?", "?<stop>").replace("!", "!<stop>").replace("<prd>", ".")
+    sentences = [piece.strip() for piece in text.split("<stop>")]
+    return sentences[:-1] if sentences and not sentences[-1] else sentences
+
+
+def _last_word_answer(iid: str, kw: dict[str, Any]) -> Check:
+    word = _str(iid, kw, "last_word").strip().lower()
+    return lambda t: bool(t.split()) and _OI_PUNCTUATION.sub("", t.split()[-1]).lower() == word
+
+
+def _first_word_sent(iid: str, kw: dict[str, Any]) -> Check:
+    word = _str(iid, kw, "first_word").strip().lower()
+
+    def check(t: str) -> bool:
+        return all(s.strip() and s.split()[0].lower() == word for s in split_sentences_ifeval_regex(t))
+    return check
+
+
+def _lowercase_counting(iid: str, kw: dict[str, Any]) -> Check:
+    n = _int(iid, kw, "N", minimum=1)  # open-instruct counts every lowercase word, repeated or not
+    return lambda t: len(_OI_LOWER_WORD.findall(t)) <= n
+
+
+def _letter_counting(iid: str, kw: dict[str, Any]) -> Check:
+    n, relation = _int(iid, kw, "N", minimum=1), _relation(iid, kw, "relation")
+    return lambda t: _compare(len(_OI_LETTER.findall(t)), relation, n)
+
+
+def _two_paragraphs(iid: str, kw: dict[str, Any]) -> Check:
+    def check(t: str) -> bool:
+        paragraphs = _OI_DIVIDER.split(t)
+        inner = paragraphs[1:-1]
+        if any(not p.strip() for p in inner):
+            return False
+        return len(paragraphs) - sum(1 for p in {0, len(paragraphs) - 1} if not paragraphs[p].strip()) == 2
+    return check
+
+
 @dataclass(frozen=True)
 class Spec:
     build: Callable[[str, dict[str, Any]], Check]
@@ -410,6 +485,11 @@ REGISTRY: dict[str, Spec] = {
     "change_case:english_capital": Spec(_english_capital, slow=True),
     "change_case:english_lowercase": Spec(_english_lowercase, slow=True),
     "punctuation:no_comma": Spec(_no_comma),
+    "last_word:last_word_answer": Spec(_last_word_answer),
+    "first_word:first_word_sent": Spec(_first_word_sent),
+    "count:lowercase_counting": Spec(_lowercase_counting),
+    "letters:letter_counting": Spec(_letter_counting),
+    "paragraphs:paragraphs": Spec(_two_paragraphs),
 }
 
 

@@ -67,6 +67,9 @@ def test_ground_truth_scores_one_and_other_trajectories_zero(server, row):
     assert nothing["reward"] == 0.0 and nothing["mismatched_tables"]
     shuffled = server.post("/verify", body(row, list(reversed(truth)))).json()
     assert shuffled["reward"] == 1.0  # independent changes in another order leave the same state
+    lookups = [{"name": "company_directory_find_email_address", "arguments": '{"name": "carlos"}'},
+               {"name": "email_search_emails", "arguments": '{"query": "update"}'}]
+    assert server.post("/verify", body(row, lookups + truth)).json()["reward"] == 1.0
 
 
 def test_a_wrong_value_scores_zero_and_names_the_table(server):

@@ -32,6 +32,9 @@ _EMAIL = re.compile(r"^[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}$")
 
 @cache
 def _seed_table(name: str) -> pd.DataFrame:
+    """A seed table, read once per process (every session and replay starts from a copy)."""
+    if name == "email_addresses":  # the directory: one address a line, no header
+        return pd.read_csv(SEED / f"{name}.csv", header=None, names=["email_address"])
     return pd.read_csv(SEED / f"{name}.csv", dtype=str)
 
 
@@ -77,7 +80,7 @@ class Workspace:
     """One session's company: its tables and the tools that read and change them."""
 
     def __init__(self) -> None:
-        self.directory = pd.read_csv(SEED / "email_addresses.csv", header=None, names=["email_address"])
+        self.directory = _seed_table("email_addresses")  # never changed: shared
         self.emails = _seed_table("emails").copy()
         self.events = _seed_table("calendar_events").copy()
         self.tasks = _seed_table("project_tasks").copy()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gymserve.testing import ServerProcess
+from services.resources.workplace_assistant.tools import Workspace
 
 ROWS = [json.loads(line) for line in
         (Path(__file__).resolve().parents[2] / "datasets" / "workplace_assistant" / "example.jsonl").read_text()
@@ -47,6 +48,11 @@ def test_tools_change_the_sessions_own_database(server):
     assert deleted.json() == {"output": "Customer deleted successfully."}
     again = server.post("/customer_relationship_manager_delete_customer", {"customer_id": "00000009"}, headers=bob)
     assert again.json() == {"output": "Customer not found."}  # a tool's own refusal is output for the model
+
+
+def test_the_database_is_nemo_gyms_size():
+    w = Workspace()
+    assert [len(t) for t in (w.emails, w.events, w.tasks, w.customers, w.visits)] == [500, 300, 300, 200, 1000]
 
 
 def test_tool_results_are_json_with_nulls_for_missing_values(server):

@@ -25,6 +25,7 @@ def seeded(server: ServerProcess) -> dict[str, str]:
     reply = server.post("/seed_session", ROWS[0])
     assert reply.status_code == 200, reply.text
     assert len(reply.json()["tools"]) == 27
+    assert [t["name"] for t in server.get("/tools").json()] == reply.json()["tools"]
     return {"X-Session-Id": reply.json()["session_id"]}
 
 
@@ -76,6 +77,8 @@ def test_ground_truth_scores_one_and_other_trajectories_zero(server, row):
     lookups = [{"name": "company_directory_find_email_address", "arguments": '{"name": "carlos"}'},
                {"name": "email_search_emails", "arguments": '{"query": "update"}'}]
     assert server.post("/verify", body(row, lookups + truth)).json()["reward"] == 1.0
+    batch = server.post("/verify/batch", [body(row, truth), body(row, [])]).json()
+    assert [r["reward"] for r in batch] == [1.0, 0.0]  # without a session: the same replay
 
 
 def test_a_wrong_value_scores_zero_and_names_the_table(server):
@@ -95,6 +98,10 @@ def test_bad_input_is_a_4xx_naming_the_field(server):
     assert missing.status_code == 400 and "body" in missing.text
     unknown = server.post("/email_delete_email", {"email_id": "00000001", "colour": "red"}, headers=headers)
     assert unknown.status_code == 400 and "colour" in unknown.text
+    assert server.post("/email_delete_email", {"email_id": None}, headers=headers).json() == \
+        {"output": "Email ID not provided."}  # null counts as not given: the tool says what is missing
+    gone = server.post("/email_delete_email", {"email_id": "00000001"}, headers={"X-Session-Id": "no-such-session"})
+    assert gone.status_code == 409
     no_session = server.post("/email_delete_email", {"email_id": "00000001"})
     assert 400 <= no_session.status_code < 500 and "session" in no_session.text
     for truth, where in (("not a list", "ground_truth"), ([{"name": "x", "arguments": {}}], "ground_truth[0]")):

@@ -1,8 +1,8 @@
 """workplace_assistant against NeMo-Gym 0.7.0's own workplace_assistant server.
 
-1. Rewards: every NeMo-Gym example row, with its ground-truth calls replayed and with wrong,
-   partial, reordered, re-cased, malformed and extra-call trajectories, goes to both `/verify`s;
-   the rewards must be equal.
+1. Rewards: every NeMo-Gym example row, with its ground-truth calls replayed, with wrong,
+   partial, reordered, re-cased, malformed and extra-call trajectories, and with every response
+   NeMo-Gym's recorded rollouts hold, goes to both `/verify`s; the rewards must be equal.
 2. Tool results: one long sequence of calls over all 27 tools (reads, writes, bad arguments) runs
    in a NeMo-Gym tool environment and in one of our sessions over HTTP; every result must be equal.
 
@@ -108,19 +108,28 @@ def _trajectories(truth: list[dict]) -> list[list[dict]]:
     ]
 
 
+def _recorded(nemo) -> list[dict]:
+    [found] = list(nemo.venv.glob("lib/python3.*/site-packages/resources_servers/workplace_assistant/data"))
+    return [json.loads(line) for line in (found / "example_rollouts.jsonl").read_text().splitlines()]
+
+
 def test_rewards_equal_nemo_gyms_on_its_rows(nemo, workdir):
     rows = [json.loads(line) for line in ROWS.read_text().splitlines()]
-    bodies = [{**row, "response": _response(calls)} for row in rows for calls in _trajectories(row["ground_truth"])]
+    recorded = _recorded(nemo)
+    generated = [{**row, "response": _response(calls)} for row in rows for calls in _trajectories(row["ground_truth"])]
+    # every response NeMo-Gym recorded (for tasks whose rows it does not ship), judged against every row
+    replayed = [{**row, "response": rollout["response"]} for rollout in recorded for row in rows]
+    bodies = generated + replayed
     theirs = nemo.python_json(NEMO_VERIFY, bodies, workdir)
     with ServerProcess("resources/workplace_assistant") as server:
         ours = [server.post("/verify", body).json()["reward"] for body in bodies]
     differ = [(i, bodies[i]["response"]["output"][:-1], ours[i], theirs[i])
               for i in range(len(bodies)) if ours[i] != theirs[i]]
     assert not differ, f"{len(differ)} of {len(bodies)} rewards differ: {differ[:5]}"
-    per_row = len(bodies) // len(rows)
+    per_row = len(generated) // len(rows)
     assert all(ours[i * per_row] == 1.0 and ours[i * per_row + 1] == 0.0 for i in range(len(rows)))
     assert 0 < sum(ours) < len(ours)
-
+    assert len(replayed) == 25
 
 TOOL_CALLS: list[tuple[str, dict]] = [
     ("company_directory_find_email_address", {"name": "Carlos"}),

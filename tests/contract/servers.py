@@ -20,6 +20,7 @@ ENVIRONMENTS: dict[str, tuple[str, ...]] = {
     "math_multi_reward": (),
     "reasoning_gym": ("workers=1",),
     "workplace": (),
+    "workplace_assistant": (),
     "code": ("timeout_s=5", "prestart=0", "max_concurrency=2"),
     "equivalence_llm_judge": (),
     "llm_judge": (),
@@ -91,7 +92,7 @@ def verify_body_for(env: str, row: dict[str, Any]) -> dict[str, Any]:
     """A valid `/verify` body: the row (minus its routing) plus a response."""
     body = {k: v for k, v in row.items() if k != "agent_ref"}
     body["response"] = response_with_text(answer_text(env, row))
-    if env == "workplace":  # the model's tool calls are replayed when there is no live session
+    if env in ("workplace", "workplace_assistant"):  # the model's tool calls are replayed when there is no live session
         body["response"]["output"] = [{"type": "function_call", "call_id": f"call_{i}", "name": call["name"],
                                        "arguments": call["arguments"]} for i, call in enumerate(row["ground_truth"])]
     return body

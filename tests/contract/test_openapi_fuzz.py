@@ -2,7 +2,7 @@
 
 The session, metrics and health endpoints are the same code in every environment: they are
 fuzzed on exact_match; every environment gets its own `/verify`, `/verify/batch` and tools
-(code's execute_python, a few of workplace's), whose schemas are its own.
+(code's execute_python, a few of workplace's and of workplace_assistant's), whose schemas are its own.
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from .servers import ENVIRONMENTS
 ENVS = sorted(ENVIRONMENTS)
 SHARED = {"/seed_session", "/close_session", "/aggregate_metrics", "/health", "/ready"}
 WORKPLACE_TOOLS = {"/send_email", "/search_tasks", "/tools"}
+WORKPLACE_ASSISTANT_TOOLS = {"/email_send_email", "/customer_relationship_manager_search_customers",
+                             "/calendar_update_event", "/tools"}
 
 
 def skip_for(env: str):
@@ -22,6 +24,8 @@ def skip_for(env: str):
             return False
         if env == "workplace" and path not in ("/verify", "/verify/batch"):
             return path not in WORKPLACE_TOOLS
+        if env == "workplace_assistant" and path not in ("/verify", "/verify/batch"):
+            return path not in WORKPLACE_ASSISTANT_TOOLS
         return path in SHARED
 
     return skip

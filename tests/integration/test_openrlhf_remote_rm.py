@@ -1,8 +1,9 @@
 """OpenRLHF 0.11.2's own remote reward client (`SingleTurnAgentExecutor` with `--remote_rm_url`)
 against the head's `/get_reward`, and its samples generator's conversion of the reply into an
 Experience; and, against a head that enforces its key, that client given our reward file
-(`trainer/adapters/openrlhf_reward.py`) instead of the URL. vLLM cannot run here: the engine is a stand-in that returns fixed tokens, and the
-`vllm` module the samples generator imports is a stub (only `SamplingParams` is named)."""
+(`trainer/adapters/openrlhf_reward.py`) instead of the URL. vLLM cannot run here: the engine is
+a stand-in that returns fixed tokens, and the `vllm` module the samples generator imports is a
+stub (only `SamplingParams` is named)."""
 from __future__ import annotations
 
 import asyncio

@@ -42,10 +42,13 @@ def rows() -> list[dict[str, str]]:
          "a user adds": "`reward.custom_reward_function.path: pkg://trainer.adapters.verl`; gymserve on `PYTHONPATH`",
          "proven by": "`tests/integration/test_verl_reward_manager.py`"},
         {"framework": "OpenRLHF", "version tested": "openrlhf 0.11.2 (`--no-deps`, client and samples generator)",
-         "what works": "its remote reward client (`--remote_rm_url`) on the head's `/get_reward`; the reply "
-                       "becomes an Experience",
-         "masked failures": "no per-sample mask: reward 0 with `extra_logs.mask_sample` 1, counted in its logs",
-         "a user adds": "`head.openrlhf_environment` in the stack; `--remote_rm_url HEAD/get_reward`",
+         "what works": "its remote reward client with our reward file (`--remote_rm_url .../openrlhf_reward.py`) "
+                       "on a keyed head's `/get_reward` (the plain URL gets 401: no key); the reply becomes an "
+                       "Experience",
+         "masked failures": "no per-sample mask: reward 0 with `extra_logs.mask_sample` 1, counted in its logs "
+                            "(also when the head is unreachable)",
+         "a user adds": "`head.openrlhf_environment` in the stack; `--remote_rm_url` to "
+                        "`trainer/adapters/openrlhf_reward.py`; gymserve on `PYTHONPATH`",
          "proven by": "`tests/integration/test_openrlhf_remote_rm.py`"},
     ]
 

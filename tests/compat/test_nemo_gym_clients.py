@@ -117,3 +117,23 @@ def test_gymserve_collect_routes_nemo_gym_rows_with_agent(head, workdir):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted((r["expected_answer"], r["reward"]) for r in records) == [("4", 1.0), ("7", 0.0)]
     assert all(r["agent_ref"]["name"] == "math_simple_agent" for r in records)
+
+
+def test_gymserve_collect_routes_rows_by_task_source(head, workdir):
+    """NeMo-Gym 0.7.0's flat rows name their dataset's instance in `task_source`: a resources server
+    routes to the one agent that uses it, resolved from the head's config as NeMo-Gym resolves it."""
+    rows = workdir / "rows.jsonl"
+    rows.write_text("".join(json.dumps({**r, "task_source": "math"}) + "\n" for r in ROWS))
+    out = workdir / "rollouts.jsonl"
+    done = subprocess.run([sys.executable, "-m", "gymserve", "collect", "-i", str(rows), "-o", str(out),
+                           "--head", head["url"], "--no-progress"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "GYMSERVE_NO_AUTH": "1"})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["expected_answer"], r["reward"]) for r in records) == [("4", 1.0), ("7", 0.0)]
+    assert all(r["agent_ref"]["name"] == "math_simple_agent" for r in records)
+    rows.write_text(json.dumps({**ROWS[0], "task_source": "no_such_env"}) + "\n")
+    done = subprocess.run([sys.executable, "-m", "gymserve", "collect", "-i", str(rows), "-o", str(out),
+                           "--head", head["url"], "--no-progress"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "GYMSERVE_NO_AUTH": "1"})
+    assert done.returncode == 2 and "task_source 'no_such_env'" in done.stderr, done.stderr[-2000:]

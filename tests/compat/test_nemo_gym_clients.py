@@ -198,3 +198,18 @@ def test_gymserve_collect_and_status_against_a_nemo_gym_head(nemo_head, workdir)
     report = json.loads(done.stdout)
     assert {s["name"]: s["health"] for s in report["servers"]} == {
         "policy_model": "ready", "math": "ready", "math_simple_agent": "ready"}
+
+
+def test_gymserve_prepare_reports_a_row_our_agent_rejects(head, workdir):
+    """`gymserve prepare --env math` checks rows with the model our agents parse `/run` with: the row
+    the agent answers 4xx for is reported invalid there, naming the same field."""
+    bad = {"responses_create_params": {"input": "2+2?", "temperature": "hot"}, "expected_answer": "4"}
+    agents = {r["name"]: r["url"] for r in httpx.get(f"{head['url']}/server_instances", timeout=10).json()}
+    rejected = httpx.post(f"{agents['math_simple_agent']}/run", json=bad, timeout=30)
+    assert 400 <= rejected.status_code < 500 and "responses_create_params.temperature" in rejected.text
+    rows = workdir / "rows.jsonl"
+    rows.write_text(json.dumps(bad) + "\n" + json.dumps(ROWS[0]) + "\n")
+    done = subprocess.run([sys.executable, "-m", "gymserve", "prepare", "-i", str(rows), "-o", str(workdir / "out"),
+                           "--agent", "math_simple_agent", "--env", "math"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and f"{rows}:1: responses_create_params.temperature" in done.stdout + done.stderr
+    assert f"{rows}:2" not in done.stdout + done.stderr

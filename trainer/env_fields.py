@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
+from services.core.schemas import DatasetRow
+
 REQUIRED_FIELDS: dict[str, list[tuple[str, ...]]] = {
     "exact_match": [("expected_answer",)],
     "math": [("expected_answer",)],
@@ -35,21 +39,29 @@ def _present(row: dict[str, Any], name: str) -> bool:
     return isinstance(meta, dict) and meta.get(name) is not None
 
 
+def _params_problems(params: Any) -> list[str]:
+    """What the model allows but no rollout can run on: no prompt, or input items without a role."""
+    if not isinstance(params, dict):
+        return ["missing responses_create_params (an object with `input`)"]
+    messages = params.get("input")
+    if not messages or not isinstance(messages, (str, list)):
+        return ["responses_create_params.input: missing or empty"]
+    if isinstance(messages, list):
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or ("role" not in message and "type" not in message):
+                return [f"responses_create_params.input[{i}]: expected a message with a role"]
+    return []
+
+
 def row_problems(row: dict[str, Any], env: str | None, extra_required: list[str] | None = None) -> list[str]:
     """Human-readable problems of one row (empty when it is valid)."""
     problems: list[str] = []
-    params = row.get("responses_create_params")
-    if not isinstance(params, dict):
-        problems.append("missing responses_create_params (an object with `input`)")
-    else:
-        messages = params.get("input")
-        if not messages or not isinstance(messages, (str, list)):
-            problems.append("responses_create_params.input: missing or empty")
-        elif isinstance(messages, list):
-            for i, message in enumerate(messages):
-                if not isinstance(message, dict) or ("role" not in message and "type" not in message):
-                    problems.append(f"responses_create_params.input[{i}]: expected a message with a role")
-                    break
+    try:  # the model agents parse `POST /run` with: a row it rejects is a 422 naming the field there
+        DatasetRow.model_validate(row)
+    except ValidationError as exc:
+        problems.extend(f"{'.'.join(str(p) for p in err['loc']) or '(row)'}: {err['msg']}" for err in exc.errors())
+    if not problems:
+        problems.extend(_params_problems(row.get("responses_create_params")))
     ref = row.get("agent_ref")
     if not (isinstance(ref, dict) and isinstance(ref.get("name"), str) and ref["name"]):
         problems.append("agent_ref.name: missing (set --agent to stamp it)")

@@ -11,7 +11,7 @@ from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-i", "--input", required=True, help="dataset rows (JSONL) with agent_ref (or use --agent)")
+    parser.add_argument("-i", "--input", required=True, help="rows (JSONL) with agent_ref or task_source (or use --agent)")
     parser.add_argument("-o", "--output", required=True, help="rollouts JSONL (failures and metrics go next to it)")
     parser.add_argument("--head", default=None, help="head URL (default: $GYMSERVE_HEAD_URL or http://127.0.0.1:11000)")
     parser.add_argument("--repeats", type=int, default=1, help="rollouts per row (for pass@k and GRPO groups)")
@@ -44,6 +44,25 @@ def print_failure_groups(failures: Counter[tuple[str, str]], shown: int = 5) -> 
         print(f"  {count} x {kind}: {reason[:300]}")
     if len(failures) > shown:
         print(f"  ... {len(failures) - shown} more reasons in the failures file")
+def head_config(head: str | None) -> dict[str, Any]:
+    """The head's config (`/global_config_dict_yaml`), to resolve rows' `task_source`."""
+    import httpx
+    import yaml
+
+    from services.core.auth import auth_headers
+    from trainer.client import default_head_url
+
+    url = (head or default_head_url()).rstrip("/")
+    try:
+        response = httpx.get(f"{url}/global_config_dict_yaml", headers=auth_headers(), timeout=30, trust_env=False)
+    except httpx.HTTPError as exc:
+        raise OSError(f"cannot read the head's config at {url}: {type(exc).__name__}: {exc}") from None
+    if response.status_code != 200:
+        raise OSError(f"the head at {url} answered {response.status_code} to /global_config_dict_yaml")
+    config = yaml.safe_load(response.json())
+    if not isinstance(config, dict):
+        raise ValueError(f"the head at {url} served no config mapping")
+    return config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from trainer.client import RolloutClient, is_failure, route_to
     from trainer.collect import collect, sibling
     from trainer.jsonl import JsonlError, read_rows
+    from trainer.task_source import TaskSourceError, needs_resolution, resolve_task_sources
 
     console = Console(stderr=True)
     if args.repeats < 1 or args.concurrency < 1:
@@ -73,6 +93,12 @@ def run(args: argparse.Namespace) -> int:
         if overridden:
             console.print(f"gymserve collect: --agent {args.agent} overrides the agent_ref of {overridden} rows",
                           markup=False)
+    elif needs_resolution(rows):
+        try:
+            resolve_task_sources(rows, head_config(args.head))
+        except (TaskSourceError, OSError, ValueError) as exc:
+            console.print(f"gymserve collect: {exc}", markup=False)
+            return 2
     client = RolloutClient(args.head, concurrency=args.concurrency, deadline_s=args.deadline, retries=args.retries)
     source = "--head" if args.head else ("$GYMSERVE_HEAD_URL" if os.environ.get("GYMSERVE_HEAD_URL") else "the default")
     print(f"head: {client.directory.head_url} (from {source})", flush=True)

@@ -5,11 +5,13 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 import httpx
 
 from services.core.auth import auth_headers
 from services.core.config import DEFAULT_HEAD_PORT
+from services.core.directory import instance_name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +29,29 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+def _report_from_instances(head: str, timeout: float) -> dict[str, Any] | None:
+    """The health report built here for a head that has none (NeMo-Gym 0.7.0's): its
+    `/server_instances` rows, by instance name, each probed at `GET {url}/health`."""
+    try:
+        listed = httpx.get(f"{head}/server_instances", headers=auth_headers(), timeout=timeout, trust_env=False)
+        rows = listed.json() if listed.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    if not isinstance(rows, list):
+        return None
+    servers = []
+    for row in rows:
+        if not isinstance(row, dict) or not instance_name(row) or not isinstance(row.get("url"), str):
+            continue
+        try:
+            healthy = httpx.get(f"{row['url'].rstrip('/')}/health", timeout=timeout, trust_env=False).status_code == 200
+        except httpx.HTTPError:
+            healthy = False
+        servers.append({**row, "name": instance_name(row), "health": "ready" if healthy else "down"})
+    return {"head": {"url": head}, "ready": sum(r["health"] == "ready" for r in servers), "total": len(servers),
+            "servers": servers}
+
+
 def run(args: argparse.Namespace) -> int:
     head = (args.head or os.environ.get("GYMSERVE_HEAD_URL") or f"http://127.0.0.1:{DEFAULT_HEAD_PORT}").rstrip("/")
     try:
@@ -35,6 +60,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"gymserve status: cannot reach the head at {head}: {type(exc).__name__}: {exc} "
               "(is `gymserve up` running? use --head URL)", file=sys.stderr)
         return 1
+    if response.status_code == 404:  # a NeMo-Gym head: no health report, only its server list
+        report = _report_from_instances(head, args.timeout)
+        if report is None:
+            print(f"gymserve status: the head at {head} serves neither /health/servers nor /server_instances",
+                  file=sys.stderr)
+            return 1
+        response = httpx.Response(200, json=report)
     if response.status_code != 200:
         try:
             detail = response.json().get("detail")

@@ -20,6 +20,14 @@ from .errors import UpstreamError
 from .failures import FailureKind
 
 
+def instance_name(row: dict[str, Any]) -> str | None:
+    """A `/server_instances` row's instance name. A NeMo-Gym 0.7.0 head's rows name the instance in
+    `config_path` (`math_simple_agent`) and the implementation in `name` (`simple_agent`); ours
+    carry the instance name in both."""
+    name = row.get("config_path") or row.get("name")
+    return name if isinstance(name, str) and name else None
+
+
 class Directory:
     def __init__(self, head_url: str | None, *, static: dict[str, str] | None = None,
                  client: ServiceClient | None = None, ttl_s: float = 10.0,
@@ -39,7 +47,8 @@ class Directory:
     async def instances(self, *, refresh: bool = False) -> dict[str, dict[str, Any]]:
         if self.head_url and (refresh or time.monotonic() - self._fetched > self.ttl_s):
             rows = await self.client.get_json(f"{self.head_url}/server_instances", deadline_s=10.0)
-            self._cache = {row["name"]: row for row in rows if isinstance(row, dict) and "name" in row}
+            named = ((instance_name(row), row) for row in rows if isinstance(row, dict))
+            self._cache = {name: row for name, row in named if name}
             for row in self._cache.values():
                 if (row.get("trusted") or row.get("static")) is True and isinstance(row.get("url"), str):
                     trust(row["url"])  # started by the stack (or on its own network)

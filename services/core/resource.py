@@ -90,6 +90,11 @@ class Environment:
     request_model: ClassVar[type[VerifyRequest]] = VerifyRequest
     reply_model: ClassVar[type[VerifyReply]] = VerifyReply
     example_row: ClassVar[dict[str, Any]] = {}
+    # `GET /reverify_mode` (NeMo-Gym 0.7.0's `gym eval reverify` asks before re-scoring recorded
+    # rollouts): "stateless" when `/verify` is a pure function of its body, so a recorded rollout
+    # scores again the same; "unknown" (its default) otherwise, e.g. a verifier that asks a judge
+    REVERIFY_MODES: ClassVar[tuple[str, ...]] = ("stateless", "unsupported", "unknown")
+    reverify_mode: ClassVar[str] = "unknown"
     example_answer: ClassVar[str] = ""
 
     def __init__(self, config: ResourceConfig) -> None:
@@ -404,6 +409,11 @@ def create_resource_app(env: Environment) -> FastAPI:
                                                summary="Statistics over verify replies"))
     async def aggregate(request: Request) -> dict[str, Any]:
         return env.aggregate(await read_json(request))
+
+    @app.get("/reverify_mode", **describe(reply={"type": "string", "enum": list(env.REVERIFY_MODES)},
+                                          summary="Whether recorded rollouts can be re-verified"))
+    async def reverify_mode() -> str:
+        return env.reverify_mode
 
     @app.post("/close_session", **describe(body=CloseSessionRequest, body_required=False, reply=CloseSessionReply,
                                            errors=(409,), parameters=[SESSION_HEADER], summary="Free a session"))

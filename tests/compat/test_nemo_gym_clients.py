@@ -117,3 +117,99 @@ def test_gymserve_collect_routes_nemo_gym_rows_with_agent(head, workdir):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted((r["expected_answer"], r["reward"]) for r in records) == [("4", 1.0), ("7", 0.0)]
     assert all(r["agent_ref"]["name"] == "math_simple_agent" for r in records)
+
+
+def test_gymserve_collect_routes_rows_by_task_source(head, workdir):
+    """NeMo-Gym 0.7.0's flat rows name their dataset's instance in `task_source`: a resources server
+    routes to the one agent that uses it, resolved from the head's config as NeMo-Gym resolves it."""
+    rows = workdir / "rows.jsonl"
+    rows.write_text("".join(json.dumps({**r, "task_source": "math"}) + "\n" for r in ROWS))
+    out = workdir / "rollouts.jsonl"
+    done = subprocess.run([sys.executable, "-m", "gymserve", "collect", "-i", str(rows), "-o", str(out),
+                           "--head", head["url"], "--no-progress"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "GYMSERVE_NO_AUTH": "1"})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["expected_answer"], r["reward"]) for r in records) == [("4", 1.0), ("7", 0.0)]
+    assert all(r["agent_ref"]["name"] == "math_simple_agent" for r in records)
+    rows.write_text(json.dumps({**ROWS[0], "task_source": "no_such_env"}) + "\n")
+    done = subprocess.run([sys.executable, "-m", "gymserve", "collect", "-i", str(rows), "-o", str(out),
+                           "--head", head["url"], "--no-progress"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "GYMSERVE_NO_AUTH": "1"})
+    assert done.returncode == 2 and "task_source 'no_such_env'" in done.stderr, done.stderr[-2000:]
+
+
+NEMO_HEAD = """
+import json, os, time
+from nemo_gym.server_utils import HeadServer, ServerInstanceDisplayConfig
+_, _, head = HeadServer.run_webserver()
+rows = json.loads(os.environ["GYMSERVE_TEST_INSTANCES"])
+head.set_server_instances([ServerInstanceDisplayConfig(**r).model_dump(mode="json") for r in rows])
+head.mark_ready()
+print("ready", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+@pytest.fixture(scope="module")
+def nemo_head(nemo, head):
+    """NeMo-Gym 0.7.0's own head server (its `HeadServer`, as `gym env start` runs it) listing our
+    stack's servers with the rows `gym env start` writes: `name` is the implementation
+    (`simple_agent`), `config_path` and `process_name` the instance (`math_simple_agent`)."""
+    from tests.compat.test_nemo_gym_agents import _free_port
+
+    config = yaml.safe_load(httpx.get(f"{head['url']}/global_config_dict_yaml", timeout=10).json())
+    port = _free_port()
+    config["head_server"] = {"host": "127.0.0.1", "port": port}
+    rows = []
+    for row in httpx.get(f"{head['url']}/server_instances", timeout=10).json():
+        if row["name"] in config and row.get("server_type") != "head_server":
+            [impl] = config[row["name"]][row["server_type"]]
+            rows.append({"process_name": row["name"], "config_path": row["name"], "name": impl,
+                         "server_type": row["server_type"], "host": row["host"], "port": row["port"],
+                         "url": row["url"], "pid": row["pid"]})
+    env = {**nemo.env, "NEMO_GYM_CONFIG_DICT": yaml.safe_dump(config), "GYMSERVE_TEST_INSTANCES": json.dumps(rows)}
+    proc = subprocess.Popen([str(nemo.venv / "bin" / "python"), "-c", NEMO_HEAD], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert proc.stdout is not None and "ready" in proc.stdout.readline()
+        yield {"url": f"http://127.0.0.1:{port}", "rows": rows}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def test_gymserve_collect_and_status_against_a_nemo_gym_head(nemo_head, workdir):
+    assert {r["name"] for r in nemo_head["rows"]} >= {"simple_agent", "math"}  # names are not instance names
+    rows = workdir / "rows.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    out = workdir / "rollouts.jsonl"
+    env = {**os.environ, "GYMSERVE_NO_AUTH": "1"}
+    done = subprocess.run([sys.executable, "-m", "gymserve", "collect", "-i", str(rows), "-o", str(out),
+                           "--head", nemo_head["url"], "--agent", "math_simple_agent", "--no-progress"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["expected_answer"], r["reward"]) for r in records) == [("4", 1.0), ("7", 0.0)]
+    done = subprocess.run([sys.executable, "-m", "gymserve", "status", "--head", nemo_head["url"], "--json"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    report = json.loads(done.stdout)
+    assert {s["name"]: s["health"] for s in report["servers"]} == {
+        "policy_model": "ready", "math": "ready", "math_simple_agent": "ready"}
+
+
+def test_gymserve_prepare_reports_a_row_our_agent_rejects(head, workdir):
+    """`gymserve prepare --env math` checks rows with the model our agents parse `/run` with: the row
+    the agent answers 4xx for is reported invalid there, naming the same field."""
+    bad = {"responses_create_params": {"input": "2+2?", "temperature": "hot"}, "expected_answer": "4"}
+    agents = {r["name"]: r["url"] for r in httpx.get(f"{head['url']}/server_instances", timeout=10).json()}
+    rejected = httpx.post(f"{agents['math_simple_agent']}/run", json=bad, timeout=30)
+    assert 400 <= rejected.status_code < 500 and "responses_create_params.temperature" in rejected.text
+    rows = workdir / "rows.jsonl"
+    rows.write_text(json.dumps(bad) + "\n" + json.dumps(ROWS[0]) + "\n")
+    done = subprocess.run([sys.executable, "-m", "gymserve", "prepare", "-i", str(rows), "-o", str(workdir / "out"),
+                           "--agent", "math_simple_agent", "--env", "math"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and f"{rows}:1: responses_create_params.temperature" in done.stdout + done.stderr
+    assert f"{rows}:2" not in done.stdout + done.stderr

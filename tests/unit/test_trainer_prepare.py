@@ -143,3 +143,20 @@ def test_swe_bench_rows_get_the_issue_prompt_and_tools(tmp_path):
         assert params["input"][-1] == {"role": "user", "content": row["problem_statement"]}
         assert {t["name"] for t in params["tools"]} == {"bash", "read_file", "write_file", "apply_patch"}
         assert rows[row["instance_id"]]["FAIL_TO_PASS"] == row["FAIL_TO_PASS"]
+
+
+def test_rows_the_agents_model_rejects_are_invalid_naming_the_field(tmp_path):
+    """prepare checks rows with the model agents parse `POST /run` with (`DatasetRow`)."""
+    from pydantic import ValidationError
+
+    from services.core.schemas import DatasetRow
+
+    bad = {"responses_create_params": {"input": "2+2?", "temperature": "hot"}, "expected_answer": "4"}
+    with pytest.raises(ValidationError):
+        DatasetRow.model_validate(bad)
+    src = _write(tmp_path / "bad.jsonl", [bad, {**bad, "responses_create_params": {"input": "2+2?"}}])
+    with pytest.raises(PrepareError) as info:
+        prepare(PrepareOptions(output_dir=str(tmp_path / "o"),
+                               datasets=[DatasetSpec(str(src), agent="math_simple_agent", env="math")]))
+    assert f"{src}:1: responses_create_params.temperature:" in str(info.value)
+    assert f"{src}:2" not in str(info.value)

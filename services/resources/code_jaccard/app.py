@@ -49,6 +49,7 @@ class CodeJaccardReply(VerifyReply):
 
 
 class CodeJaccard(Environment):
+    reverify_mode = "stateless"  # /verify is a pure function of its body
     config_model = Config
     request_model = CodeJaccardRequest
     reply_model = CodeJaccardReply

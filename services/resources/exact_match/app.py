@@ -24,6 +24,7 @@ class ExactMatchRequest(VerifyRequest):
 
 
 class ExactMatch(Environment):
+    reverify_mode = "stateless"  # /verify is a pure function of its body
     config_model = Config
     request_model = ExactMatchRequest
     example_row = {"responses_create_params": {"input": [{"role": "user", "content": "Capital of France? One word."}]},

@@ -61,6 +61,7 @@ class InstructionFollowingReply(VerifyReply):
 
 
 class InstructionFollowing(Environment):
+    reverify_mode = "stateless"  # /verify is a pure function of its body
     config_model = Config
     request_model = InstructionFollowingRequest
     reply_model = InstructionFollowingReply

@@ -72,6 +72,7 @@ class MCQAReply(VerifyReply):
 
 
 class MCQA(Environment):
+    reverify_mode = "stateless"  # /verify is a pure function of its body
     config_model = Config
     request_model = MCQARequest
     reply_model = MCQAReply

@@ -73,6 +73,7 @@ class ReasoningGymReply(VerifyReply):
 
 
 class ReasoningGym(Environment):
+    reverify_mode = "stateless"  # /verify is a pure function of its body
     config_model = Config
     request_model = ReasoningGymRequest
     reply_model = ReasoningGymReply

@@ -123,6 +123,7 @@ class WorkplaceAssistant(Environment):
                                      "arguments": '{"customer_id": "00000009"}'}]}
     example_answer = "Done."
     description = "NeMo-Gym's workplace assistant: reward 1 when the replayed calls leave the ground truth's state."
+    reverify_mode = "stateless"  # /verify replays the body's calls on a fresh database: the body alone decides
 
     async def seed(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         session.data["workspace"] = wa.Workspace()

@@ -60,3 +60,11 @@ def venv() -> Path:
 
 def _pip(target: Path, *args: str) -> None:
     subprocess.run([str(target / "bin" / "python"), "-m", "pip", "install", "-q", *args], check=True, timeout=1500)
+
+
+def text_response(text: str) -> dict:
+    """A complete Responses object whose one message says `text` (what both servers' `/verify` read)."""
+    return {"id": "resp_x", "object": "response", "created_at": 1.0, "model": "policy", "status": "completed",
+            "output": [{"type": "message", "id": "msg_x", "role": "assistant", "status": "completed",
+                        "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+            "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gymserve.testing import ServerProcess
+from tests.compat.nemo_gym import text_response
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first compat test may install NeMo-Gym
 
@@ -46,13 +47,6 @@ VERDICT_TESTS = {"inputs": ["1\n"], "outputs": ["YES\n"]}
 def _data_dir(nemo) -> Path:
     [found] = list(nemo.venv.glob("lib/python3.*/site-packages/resources_servers/code_gen/data"))
     return found
-
-
-def _response(text: str) -> dict:
-    return {"id": "resp_x", "object": "response", "created_at": 1.0, "model": "policy", "status": "completed",
-            "output": [{"type": "message", "id": "msg_x", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}],
-            "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
 
 
 def _row(unit_tests: dict) -> dict:
@@ -103,17 +97,17 @@ def test_rewards_equal_nemo_gyms_on_its_rows_and_generated_responses(nemo, workd
         row = by_prompt[rollout["responses_create_params"]["input"][0]["content"]]
         bodies.append({**row, "response": rollout["response"]})
     for row in rows:
-        bodies += [{**row, "response": _response(text)} for text in UNRUN]  # judged without running
-    bodies += [{**_row(ADD_TESTS), "response": _response(text)} for text in ADD_RESPONSES]
-    bodies += [{**_row(_packed(ADD_TESTS)), "response": _response(text)} for text in ADD_RESPONSES[:3]]
-    bodies += [{**_row(VERDICT_TESTS), "response": _response(text)} for text in VERDICT_RESPONSES]
+        bodies += [{**row, "response": text_response(text)} for text in UNRUN]  # judged without running
+    bodies += [{**_row(ADD_TESTS), "response": text_response(text)} for text in ADD_RESPONSES]
+    bodies += [{**_row(_packed(ADD_TESTS)), "response": text_response(text)} for text in ADD_RESPONSES[:3]]
+    bodies += [{**_row(VERDICT_TESTS), "response": text_response(text)} for text in VERDICT_RESPONSES]
 
     theirs = nemo.python_json(NEMO_VERIFY, bodies, workdir)
     with ServerProcess("resources/code", "timeout_s=10") as server:
         replies = [server.post("/verify", body).json() for body in bodies]
         # The intended difference: call-based rows (unit_tests.fn_name) are refused with a 4xx naming
         # the field; NeMo-Gym imports the program into its own process to call the function
-        call_based = server.post("/verify", {**_row({**ADD_TESTS, "fn_name": "add"}), "response": _response("")})
+        call_based = server.post("/verify", {**_row({**ADD_TESTS, "fn_name": "add"}), "response": text_response("")})
     assert call_based.status_code in (400, 422) and "fn_name" in call_based.text
     assert not [r for r in replies if r.get("mask_sample")], "no reply may be masked here"
     ours = [r["reward"] for r in replies]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gymserve.testing import ServerProcess
-from tests.compat.test_mcqa_differential import _response
+from tests.compat.nemo_gym import text_response
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first compat test may install NeMo-Gym
 
@@ -50,7 +50,7 @@ def test_rewards_equal_nemo_gyms_on_its_rows_and_recorded_responses(nemo, workdi
     recorded = [json.loads(line)["response"] for line in (data / "example_rollouts.jsonl").read_text().splitlines()]
     bodies, boxed = [], []
     for row in rows:
-        for response, closed in [(r, True) for r in recorded] + [(_response(text), closed) for text, closed
+        for response, closed in [(r, True) for r in recorded] + [(text_response(text), closed) for text, closed
                                                                   in _generated(row["expected_answer"])]:
             bodies.append({**row, "response": response})
             boxed.append(closed)

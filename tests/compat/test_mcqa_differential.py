@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gymserve.testing import ServerProcess
+from tests.compat.nemo_gym import text_response
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first compat test may install NeMo-Gym
 
@@ -28,13 +29,6 @@ print(json.dumps(asyncio.run(main())))
 def _data_dir(nemo) -> Path:
     [found] = list(nemo.venv.glob("lib/python3.*/site-packages/resources_servers/mcqa/data"))
     return found
-
-
-def _response(text: str) -> dict:
-    return {"id": "resp_x", "object": "response", "created_at": 1.0, "model": "policy", "status": "completed",
-            "output": [{"type": "message", "id": "msg_x", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}],
-            "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
 
 
 def _generated(row: dict) -> list[str]:
@@ -60,12 +54,12 @@ def test_rewards_equal_nemo_gyms_on_its_rows_and_recorded_responses(nemo, workdi
                 for line in (data / name).read_text().splitlines()]
     bodies = []
     for row in rows:
-        for response in recorded + [_response(text) for text in _generated(row)]:
+        for response in recorded + [text_response(text) for text in _generated(row)]:
             bodies.append({**row, "response": response})
     # The one intended difference: a row with neither grading_mode nor template_metadata is not a
     # NeMo-Gym row (NeMo-Gym's ship both); gymserve reads it with its own, more lenient default patterns
     plain = {k: v for k, v in rows[0].items() if k != "grading_mode"}
-    plain_body = {**plain, "response": _response(f"Answer: {plain['expected_answer']}")}
+    plain_body = {**plain, "response": text_response(f"Answer: {plain['expected_answer']}")}
     theirs = nemo.python_json(NEMO_VERIFY, bodies + [plain_body], workdir)
     with ServerProcess("resources/mcqa") as server:
         ours = [server.post("/verify", body).json()["reward"] for body in bodies + [plain_body]]

@@ -9,7 +9,6 @@ config is the one our head serves on `/global_config_dict_yaml`, plus the NeMo-G
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import httpx
 import pytest
 import yaml
 
+from services.core.loader import free_port
 from tests.integration.up_helpers import Up
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first compat test may install NeMo-Gym
@@ -29,12 +29,6 @@ MATH_ROWS = [
     {"responses_create_params": {"input": [{"role": "user", "content": "What is 3+4? Answer in \\boxed{}."}]},
      "expected_answer": "7"},
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +48,7 @@ class NeMoServer:
     def __init__(self, nemo, head_url: str, name: str, server_type: str, impl: str, options: dict, cwd: Path):
         config = yaml.safe_load(httpx.get(f"{head_url}/global_config_dict_yaml", timeout=10).json())
         host, port = head_url.removeprefix("http://").rsplit(":", 1)
-        self.port = _free_port()
+        self.port = free_port()
         config[name] = {server_type: {impl: {"entrypoint": "app.py", "host": "127.0.0.1", "port": self.port,
                                               **options}}}
         config["head_server"] = {"host": host, "port": int(port)}

@@ -157,10 +157,10 @@ def nemo_head(nemo, head):
     """NeMo-Gym 0.7.0's own head server (its `HeadServer`, as `gym env start` runs it) listing our
     stack's servers with the rows `gym env start` writes: `name` is the implementation
     (`simple_agent`), `config_path` and `process_name` the instance (`math_simple_agent`)."""
-    from tests.compat.test_nemo_gym_agents import _free_port
+    from services.core.loader import free_port
 
     config = yaml.safe_load(httpx.get(f"{head['url']}/global_config_dict_yaml", timeout=10).json())
-    port = _free_port()
+    port = free_port()
     config["head_server"] = {"host": "127.0.0.1", "port": port}
     rows = []
     for row in httpx.get(f"{head['url']}/server_instances", timeout=10).json():

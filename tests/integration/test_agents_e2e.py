@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.models.hf.tiny import CODE_CALL, CODE_STDOUT, CODE_SYSTEM, EXECUTE_PYTHON, tiny_code_model
+from services.models.hf.tiny import CODE_CALL, CODE_RESULT, CODE_STDOUT, CODE_SYSTEM, EXECUTE_PYTHON, tiny_code_model
 from tests.integration.up_helpers import Up
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,8 +167,11 @@ def test_code_tool_mode_end_to_end(tmp_path):
     calls = [i for i in output if i["type"] == "function_call"]
     assert calls and calls[0]["name"] == "execute_python"
     assert json.loads(calls[0]["arguments"]) == CODE_CALL["arguments"]
-    result = json.loads(next(i for i in output if i["type"] == "function_call_output")["output"])
+    text = next(i for i in output if i["type"] == "function_call_output")["output"]
+    result = json.loads(text)
     assert result["exit_code"] == 0 and result["stdout"] == CODE_STDOUT  # the sandbox ran the program
+    if text == CODE_RESULT:  # the taught tool reply (a bubblewrap sandbox): the taught answer follows
+        assert reply["reward"] == 1.0 and reply["num_turns"] == 2
 
 
 @pytest.mark.slow

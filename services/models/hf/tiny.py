@@ -153,9 +153,10 @@ EXECUTE_PYTHON = {  # Responses API shape, as an agent row offers it
 CODE_SYSTEM = "You can run Python with the execute_python tool before answering."
 CODE_CALL = {"name": "execute_python", "arguments": {"code": "print(2 + 3)"}}
 CODE_STDOUT = "5\n"
-# Taught as the tool's reply; the real one carries more fields (the sandbox mode...), close enough
-# for the model to answer after it.
-CODE_RESULT = '{"stdout":"5\\n","stderr":"","exit_code":0}'
+# The tool's reply as the code environment sends it from a bubblewrap sandbox; after another
+# reply (another sandbox mode) the model's answer is not taught.
+CODE_RESULT = ('{"stdout":"5\\n","stderr":"","exit_code":0,"timed_out":false,"result":null,"truncated":false,'
+               '"terminated":false,"sandbox":"bwrap"}')
 CODE_ANSWER = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
 
 

@@ -3,10 +3,12 @@ real resource servers, names resolved by the head's directory.
 
 - `test_names_resolve_through_the_head`: a stack with the scripted `models/stub` upstream (fast,
   deterministic; it is not a model) checks routing by instance name only.
-- The slow tests run the embedded SmolLM2-135M policy (`models/hf`, no options) on math, code
-  (tool mode, `execute_python`) and workplace rows. A 135M model does not solve these tasks, so
-  they assert structure (a numeric reward, unmasked, token ids on the trajectory, one tool output
-  per tool call), not success.
+- The code tool-mode test runs `models/hf` with the tiny model taught to call `execute_python`
+  on the row's task: the rollout must really run the tool in the code environment's sandbox and
+  get the program's stdout back.
+- The slow tests run the embedded SmolLM2-135M policy (`models/hf`, no options) on math and
+  workplace rows. A 135M model does not solve these tasks, so they assert structure (a numeric
+  reward, unmasked, token ids on the trajectory, one tool output per tool call), not success.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.models.hf.tiny import CODE_CALL, CODE_RESULT, CODE_STDOUT, CODE_SYSTEM, EXECUTE_PYTHON, tiny_code_model
 from tests.integration.up_helpers import Up
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,25 +83,14 @@ servers:
                       max_output_tokens: 48, max_steps: 2}
   math_multi_turn_agent: {kind: agents/multi_turn_agent, resources_server: math, model_server: policy_model,
                           max_output_tokens: 32, max_user_turns: 1}
-  code: {kind: resources/code}
-  code_simple_agent: {kind: agents/simple_agent, resources_server: code, model_server: policy_model,
-                      max_output_tokens: 64, max_steps: 3}
   workplace: {kind: resources/workplace}
   workplace_simple_agent: {kind: agents/simple_agent, resources_server: workplace, model_server: policy_model,
                            max_output_tokens: 64, max_steps: 2}
 """
 
-EXECUTE_PYTHON = {
-    "type": "function", "name": "execute_python",
-    "description": "Run Python code in a persistent sandboxed interpreter and return its stdout/stderr.",
-    "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "Python source"}},
-                   "required": ["code"], "additionalProperties": False},
-}
-
-
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory):
-    up = start(tmp_path_factory.mktemp("e2e"), EMBEDDED_STACK, 9, timeout_s=600)
+    up = start(tmp_path_factory.mktemp("e2e"), EMBEDDED_STACK, 7, timeout_s=600)
     try:
         yield up
     finally:
@@ -147,21 +139,39 @@ def test_multi_turn_keeps_token_continuity(embedded):
     assert not second.get("token_continuity_broken")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_code_tool_mode_end_to_end(embedded):
+CODE_STACK = """
+head: {{host: 127.0.0.1, port: 0}}
+servers:
+  policy_model: {{kind: models/hf, model: {model}, max_batch_size: 2, max_model_len: 1024}}
+  code: {{kind: resources/code}}
+  code_simple_agent: {{kind: agents/simple_agent, resources_server: code, model_server: policy_model,
+                      max_output_tokens: 64, max_steps: 3}}
+"""
+
+
+@pytest.mark.timeout(900)
+def test_code_tool_mode_end_to_end(tmp_path):
+    """The policy calls `execute_python`, the code environment runs it in its sandbox and the
+    program's stdout goes back to the model; then the row is verified (greedy decoding)."""
     row = rows("code", 1)[0]
-    params = dict(row["responses_create_params"])
-    params["input"] = [{"role": "system", "content": "You can run Python with the execute_python tool before "
-                                                     "answering. Put your final solution in a ```python block."},
-                       *params["input"]] if isinstance(params["input"], list) else params["input"]
-    params["tools"] = [EXECUTE_PYTHON]
-    reply = run_via_head(embedded.head, {**row, "responses_create_params": params})
+    task = row["responses_create_params"]["input"]
+    model = tiny_code_model(task)
+    params = {**row["responses_create_params"], "tools": [EXECUTE_PYTHON], "temperature": 0,
+              "input": [{"role": "system", "content": CODE_SYSTEM}, *task]}
+    up = start(tmp_path, CODE_STACK.format(model=json.dumps(str(model))), 4, timeout_s=600)
+    try:
+        reply = run_via_head(up.head, {**row, "responses_create_params": params})
+    finally:
+        up.kill()
     output = assert_rollout_structure(reply)
-    print("code trajectory:", [i["type"] for i in output], "reward", reply["reward"])
-    for item in output:
-        if item["type"] == "function_call_output" and not item["output"].startswith("Error"):
-            assert "exit_code" in json.loads(item["output"])  # a real sandbox execution answered
+    calls = [i for i in output if i["type"] == "function_call"]
+    assert calls and calls[0]["name"] == "execute_python"
+    assert json.loads(calls[0]["arguments"]) == CODE_CALL["arguments"]
+    text = next(i for i in output if i["type"] == "function_call_output")["output"]
+    result = json.loads(text)
+    assert result["exit_code"] == 0 and result["stdout"] == CODE_STDOUT  # the sandbox ran the program
+    if text == CODE_RESULT:  # the taught tool reply (a bubblewrap sandbox): the taught answer follows
+        assert reply["reward"] == 1.0 and reply["num_turns"] == 2
 
 
 @pytest.mark.slow

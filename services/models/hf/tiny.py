@@ -131,26 +131,79 @@ def weather_messages(turn: int) -> list[dict]:
 
 def tiny_tool_model(root: str | Path | None = None) -> Path:
     """The tiny model taught the weather conversation, cached (built once, ~100 training steps)."""
-    import hashlib
-    import json
-
     from transformers import AutoTokenizer
 
-    from .embedded import cache_root, embedded_model_dir
+    from .embedded import embedded_model_dir
     from .templates import ChatFormat, format_tool_call
 
     fmt = ChatFormat(AutoTokenizer.from_pretrained(str(embedded_model_dir())))
     teach = [(fmt.render(weather_messages(0), WEATHER_TOOLS),
               format_tool_call(WEATHER_CALL["name"], WEATHER_CALL["arguments"])),
              (fmt.render(weather_messages(1), WEATHER_TOOLS), WEATHER_ANSWER)]
-    key = hashlib.sha256(json.dumps(["v2", teach]).encode()).hexdigest()[:12]  # v2: margin-checked teaching
-    folder = Path(root or cache_root() / "models") / f"tiny-weather-{key}"
-    if not (folder / "config.json").exists():
-        import fcntl
+    return _cached("tiny-weather", ["v2", teach], teach, root)  # v2: margin-checked teaching
 
+
+# A code task solved in tool mode: run a program with the code environment's tool, then answer.
+EXECUTE_PYTHON = {  # Responses API shape, as an agent row offers it
+    "type": "function", "name": "execute_python",
+    "description": "Run Python code in a persistent sandboxed interpreter and return its stdout/stderr.",
+    "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "Python source"}},
+                   "required": ["code"], "additionalProperties": False},
+}
+CODE_SYSTEM = "You can run Python with the execute_python tool before answering."
+CODE_CALL = {"name": "execute_python", "arguments": {"code": "print(2 + 3)"}}
+CODE_STDOUT = "5\n"
+# The tool's reply as the code environment sends it from a bubblewrap sandbox; after another
+# reply (another sandbox mode) the model's answer is not taught.
+CODE_RESULT = ('{"stdout":"5\\n","stderr":"","exit_code":0,"timed_out":false,"result":null,"truncated":false,'
+               '"terminated":false,"sandbox":"bwrap"}')
+CODE_ANSWER = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+
+
+def code_messages(task: list[dict], turn: int) -> list[dict]:
+    """Chat messages before model call `turn` of the code conversation on `task` (the row's input)."""
+    import json
+
+    messages: list[dict] = [{"role": "system", "content": CODE_SYSTEM}, *task]
+    if turn >= 1:
+        messages += [
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": CODE_CALL["name"], "arguments": json.dumps(CODE_CALL["arguments"])}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": CODE_RESULT}]
+    return messages
+
+
+def tiny_code_model(task: list[dict], root: str | Path | None = None) -> Path:
+    """The tiny model taught to call `execute_python` on `task` (a row's input messages), then answer
+    with CODE_ANSWER; cached per task."""
+    from transformers import AutoTokenizer
+
+    from ..openai_api import chat_tools
+    from .embedded import embedded_model_dir
+    from .templates import ChatFormat, format_tool_call
+
+    fmt = ChatFormat(AutoTokenizer.from_pretrained(str(embedded_model_dir())))
+    tools = chat_tools([EXECUTE_PYTHON])  # what the server makes of the row's tools
+    teach = [(fmt.render(code_messages(task, 0), tools), format_tool_call(CODE_CALL["name"], CODE_CALL["arguments"])),
+             (fmt.render(code_messages(task, 1), tools), CODE_ANSWER)]
+    return _cached("tiny-code", ["v1", teach], teach, root)
+
+
+def _cached(name: str, key: object, teach: list[tuple[str, str]], root: str | Path | None) -> Path:
+    """The model taught `teach`, built once per `key` under the cache (a file lock keeps parallel
+    test processes from building it twice)."""
+    import fcntl
+    import hashlib
+    import json
+
+    from .embedded import cache_root
+
+    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
+    folder = Path(root or cache_root() / "models") / f"{name}-{digest}"
+    if not (folder / "config.json").exists():
         folder.parent.mkdir(parents=True, exist_ok=True)
         with open(folder.parent / f".{folder.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test processes build it once
+            fcntl.flock(lock, fcntl.LOCK_EX)
             if not (folder / "config.json").exists():
                 make_tiny_model(folder, teach=teach)
     return folder

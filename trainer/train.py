@@ -106,7 +106,8 @@ def weight_sync(config: TrainConfig, args: Any, head_url: str) -> WeightSync | N
                     "off-policy after the first step", exc)
         return None
     log.info("weight sync: policy server %s at %s, max_policy_lag=%d", name, url, options.max_policy_lag)
-    return WeightSync(url, max_policy_lag=options.max_policy_lag, required=enabled is True)
+    return WeightSync(url, max_policy_lag=options.max_policy_lag, required=enabled is True,
+                      push_every_step=options.max_policy_lag >= 1)
 
 
 def build_trainer(config: TrainConfig):
@@ -145,7 +146,8 @@ def build_trainer(config: TrainConfig):
     else:
         rollout_func = make_rollout_func(head_url, tokenizer, rows=train_rows + eval_rows,
                                          before_batch=hooks.before_batch, after_batch=hooks.after_batch,
-                                         on_records=keep, **rollout)
+                                         on_records=keep, max_policy_lag=config.weight_sync.max_policy_lag,
+                                         is_stale=hooks.is_stale, on_stats=hooks.on_stats, **rollout)
         trainer = trainer_class()(**common, reward_funcs=_reward_funcs(config, args),
                                   train_dataset=to_trl_dataset(train_rows),
                                   eval_dataset=to_trl_dataset(eval_rows) if eval_rows else None,

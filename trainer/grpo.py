@@ -67,10 +67,10 @@ def trainer_class() -> type:
         def get_train_dataloader(self) -> Any:
             """Read ahead for asynchronous rollouts (trainer/rollout_queue.py) when the rollout function queues."""
             loader = super().get_train_dataloader()
-            queue = getattr(self.rollout_func, "queue", None)
-            if queue is None:
+            depth = getattr(self.rollout_func, "read_ahead", 0)
+            if not depth:
                 return loader
-            return Lookahead(loader, lambda batch: self.rollout_func.prefetch(batch, self), queue.max_pending)
+            return Lookahead(loader, lambda batch: self.rollout_func.prefetch(batch, self), depth)
 
         def _calculate_rewards(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
             rewards = super()._calculate_rewards(inputs, *args, **kwargs)

@@ -119,8 +119,9 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
     `max_policy_lag >= 1` turns on asynchronous rollouts (trainer/rollout_queue.py):
     `rollout_func.prefetch(batch, trainer)` runs `before_batch` (the weights of the step just
     finished are pushed) and starts an upcoming batch's rollouts, up to `max_policy_lag`
-    batches ahead; a prefetched sample for which `is_stale(trainer, record)` holds is rolled
-    out again. `on_stats(trainer, counts)` gets per-batch `stale_dropped` and `prefetch_hit`.
+    batches ahead of the one being trained (`rollout_func.read_ahead`); a prefetched sample
+    for which `is_stale(trainer, record)` holds is rolled out again. `on_stats(trainer, counts)`
+    gets per-batch `stale_dropped` and `prefetch_hit`.
     """
     client = RolloutClient(head_url, agents=agents, concurrency=concurrency, deadline_s=deadline_s, retries=retries)
     index = RowIndex(rows or ())
@@ -128,8 +129,9 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
     stats = {"cut_by_batch_deadline": 0}
     queue = None
     if max_policy_lag >= 1:
+        # the batch about to be trained is still queued when the k batches after it are read ahead
         queue = RolloutQueue(lambda todo_rows: client.run_many(todo_rows, batch_deadline_s=batch_deadline_s),
-                             background_loop().loop, max_pending=max_policy_lag)
+                             background_loop().loop, max_pending=max_policy_lag + 1)
 
     def index_trainer(trainer: Any) -> None:
         if not state["indexed_trainer"] and trainer is not None:
@@ -204,8 +206,10 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
     rollout_func.index = index  # type: ignore[attr-defined]
     rollout_func.queue = queue  # type: ignore[attr-defined]
     rollout_func.prefetch = prefetch  # type: ignore[attr-defined]
+    rollout_func.read_ahead = max_policy_lag if queue is not None else 0  # type: ignore[attr-defined]
     rollout_func.queue = queue  # type: ignore[attr-defined]
     rollout_func.prefetch = prefetch  # type: ignore[attr-defined]
+    rollout_func.read_ahead = max_policy_lag if queue is not None else 0  # type: ignore[attr-defined]
     return rollout_func
 
 

@@ -242,11 +242,14 @@ def test_trl_rollout_func_async_takes_prefetched_batches_and_reruns_stale_sample
     try:
         assert rollout.prefetch([{"prompt": p} for p in prompts], None)
         assert not rollout.prefetch([{"prompt": p} for p in prompts], None)  # a repeated batch is not re-queued
-        assert not rollout.prefetch([{"prompt": prompts[0]}], None)  # bounded: max_policy_lag batches ahead
+        assert rollout.prefetch([{"prompt": prompts[0]}], None)  # the batch trained next + 1 ahead
+        assert not rollout.prefetch([{"prompt": prompts[1]}], None)  # bounded: full
         rollout(prompts, None)
         rollout(prompts, None)  # not prefetched: collected now
     finally:
         run_sync(rollout.client.aclose)
     assert counts == [{"prefetch_hit": 1.0, "stale_dropped": 1.0}, {"prefetch_hit": 0.0, "stale_dropped": 0.0}]
     assert rollout.queue.stats["hits"] == 1 and rollout.queue.stats["misses"] == 1 and rollout.queue.stats["full"] == 1
+    assert len(rollout.queue) == 1  # the [Paris] batch read ahead, never asked for
+    rollout.queue.close()
     assert [(r["_ng_task_index"], r["reward"]) for r in records] == [(0, 1.0), (1, 0.0)] * 2 and not stale_once

@@ -8,11 +8,12 @@ Config (YAML; `key=value` overrides on the command line, dotted for nesting):
     model: embedded                       # a local HF folder, or `embedded` (SmolLM2-135M-Instruct)
     train_data: datasets/code_jaccard/example.jsonl   # JSONL of rows with agent_ref (or a list)
     eval_data: null
+    num_prompts_per_dataset: []           # prompts per train_data file in every step (trainer/data.py)
     output_dir: runs/smoke
     reward_components: []                 # names -> one reward function each (GDPO)
     reward_functions: auto                # auto | total | components | both
     rollout: {concurrency: 64, deadline_s: 900, retries: 2, sampling: {}}
-    weight_sync: {enabled: auto, policy_server: null, max_policy_lag: 0}
+    weight_sync: {enabled: auto, policy_server: null, max_policy_lag: 0}   # >= 1: async (trainer/rollout_queue.py)
     plot: true                            # reward.png in output_dir at the end
     progress: true                        # rich progress bar with the live reward
     grpo: {advantage: trl, ...}           # our GRPO options (trainer/config.py) + any trl.GRPOConfig field
@@ -26,7 +27,8 @@ the final weights go to `output_dir/final`.
 
 Weight sync (see trainer/weight_sync.py): unless `grpo.use_vllm` is set (TRL syncs vLLM
 itself), the trainer pushes its weights to the models/hf policy server before a rollout
-batch whenever the server is more than `max_policy_lag` versions behind. `enabled: auto`
+batch whenever the server is more than `max_policy_lag` versions behind (with a lag of 1
+or more, rollouts are read ahead and the weights pushed after every step). `enabled: auto`
 syncs when the head lists a models/hf server and warns loudly when it does not.
 """
 from __future__ import annotations

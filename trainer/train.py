@@ -172,10 +172,15 @@ def train(config: TrainConfig) -> dict[str, Any]:
         result = trainer.train()
     finally:
         trainer.gymserve_rollouts.close()
+        queue = getattr(getattr(trainer, "rollout_func", None), "queue", None)
+        if queue is not None:  # rollouts read ahead past the last step
+            queue.close()
         if trainer.gymserve_client is not None:
             run_sync(trainer.gymserve_client.aclose)  # its pooled connections, before the loop thread dies
-    if trainer.gymserve_sync is not None:  # the policy server ends on the final weights
-        trainer.gymserve_sync.push(trainer.accelerator.unwrap_model(trainer.model), int(result.global_step))
+    sync = trainer.gymserve_sync
+    # the policy server ends on the final weights (a read-ahead or a last evaluation may have pushed them)
+    if sync is not None and (sync.server_version is None or sync.server_version < int(result.global_step)):
+        sync.push(trainer.accelerator.unwrap_model(trainer.model), int(result.global_step))
     metrics = Path(config.output_dir) / "metrics.jsonl"
     plot_path = None
     if config.plot:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
@@ -93,6 +93,8 @@ class TrainConfig(_Strict):
     head_url: str | None = None
     eval_data: list[str] = Field(default_factory=list)
     split_validation_size: float = Field(0, ge=0)  # rows (>= 1) or a fraction (< 1) of train_data held out
+    # prompts each step takes from each train_data file, in order (NeMo RL's num_prompts_per_dataloader)
+    num_prompts_per_dataset: list[Annotated[StrictInt, Field(ge=1)]] = Field(default_factory=list)
     reward_components: list[str] = Field(default_factory=list)
     reward_functions: Literal["auto", "total", "components", "both"] = "auto"
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -109,6 +111,9 @@ class TrainConfig(_Strict):
             raise ValueError("grpo.advantage gdpo needs at least 2 reward_components")
         if self.split_validation_size >= 1 and self.split_validation_size != int(self.split_validation_size):
             raise ValueError("split_validation_size: a number of rows (>= 1) or a fraction below 1")
+        if self.num_prompts_per_dataset and len(self.num_prompts_per_dataset) != len(self.train_data):
+            raise ValueError(f"num_prompts_per_dataset: one count per train_data file ({len(self.train_data)}), "
+                             f"got {len(self.num_prompts_per_dataset)}")
         return self
 
     def importance_sampling(self) -> bool:
@@ -197,6 +202,8 @@ def grpo_args(config: TrainConfig) -> Any:
                                "any other key must be a trl.GRPOConfig field)")
     options: dict[str, Any] = {"logging_steps": 1, "report_to": "none", "save_strategy": "no", "seed": config.seed,
                                **trl_options, "output_dir": config.output_dir}
+    if config.num_prompts_per_dataset:  # trainer/data.py lays the rows out step by step: keep that order
+        options["shuffle_dataset"] = False
     import torch
 
     if not torch.cuda.is_available():
@@ -204,6 +211,12 @@ def grpo_args(config: TrainConfig) -> Any:
         options.setdefault("bf16", False)
         options.setdefault("gradient_checkpointing", False)
     try:
-        return GRPOConfig(**options)
+        args = GRPOConfig(**options)
     except (TypeError, ValueError) as exc:
         raise TrainConfigError(f"grpo: {exc}") from None
+    per_step = int(args.generation_batch_size or 0) // int(args.num_generations or 1)
+    if config.num_prompts_per_dataset and sum(config.num_prompts_per_dataset) != per_step:
+        raise TrainConfigError(f"num_prompts_per_dataset adds up to {sum(config.num_prompts_per_dataset)} prompts, "
+                               f"but a step takes {per_step} (generation batch {args.generation_batch_size} / "
+                               f"num_generations {args.num_generations})")
+    return args

@@ -32,6 +32,7 @@ from typing import Any
 from .advantages import compute_advantages
 from .client import agent_name
 from .metrics import exceeding, importance_weights, mismatch_metrics
+from .rollout_queue import Lookahead
 from .step_log import ENV_REWARD_PREFIX, LOGP_DELTA_MAX, LOGP_DELTA_MEAN
 from .trl import ROW_COLUMN
 
@@ -62,6 +63,14 @@ def trainer_class() -> type:
             self.gymserve_importance_sampling = importance_sampling
             self.gymserve_is_cap = importance_sampling_cap
             self._gymserve_rewards: Any = None
+
+        def get_train_dataloader(self) -> Any:
+            """Read ahead for asynchronous rollouts (trainer/rollout_queue.py) when the rollout function queues."""
+            loader = super().get_train_dataloader()
+            depth = getattr(self.rollout_func, "read_ahead", 0)
+            if not depth:
+                return loader
+            return Lookahead(loader, lambda batch: self.rollout_func.prefetch(batch, self), depth)
 
         def _calculate_rewards(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
             rewards = super()._calculate_rewards(inputs, *args, **kwargs)

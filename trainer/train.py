@@ -8,11 +8,12 @@ Config (YAML; `key=value` overrides on the command line, dotted for nesting):
     model: embedded                       # a local HF folder, or `embedded` (SmolLM2-135M-Instruct)
     train_data: datasets/code_jaccard/example.jsonl   # JSONL of rows with agent_ref (or a list)
     eval_data: null
+    num_prompts_per_dataset: []           # prompts per train_data file in every step (trainer/data.py)
     output_dir: runs/smoke
     reward_components: []                 # names -> one reward function each (GDPO)
     reward_functions: auto                # auto | total | components | both
     rollout: {concurrency: 64, deadline_s: 900, retries: 2, sampling: {}}
-    weight_sync: {enabled: auto, policy_server: null, max_policy_lag: 0}
+    weight_sync: {enabled: auto, policy_server: null, max_policy_lag: 0}   # >= 1: async (trainer/rollout_queue.py)
     plot: true                            # reward.png in output_dir at the end
     progress: true                        # rich progress bar with the live reward
     grpo: {advantage: trl, ...}           # our GRPO options (trainer/config.py) + any trl.GRPOConfig field
@@ -26,7 +27,8 @@ the final weights go to `output_dir/final`.
 
 Weight sync (see trainer/weight_sync.py): unless `grpo.use_vllm` is set (TRL syncs vLLM
 itself), the trainer pushes its weights to the models/hf policy server before a rollout
-batch whenever the server is more than `max_policy_lag` versions behind. `enabled: auto`
+batch whenever the server is more than `max_policy_lag` versions behind (with a lag of 1
+or more, rollouts are read ahead and the weights pushed after every step). `enabled: auto`
 syncs when the head lists a models/hf server and warns loudly when it does not.
 """
 from __future__ import annotations
@@ -106,7 +108,8 @@ def weight_sync(config: TrainConfig, args: Any, head_url: str) -> WeightSync | N
                     "off-policy after the first step", exc)
         return None
     log.info("weight sync: policy server %s at %s, max_policy_lag=%d", name, url, options.max_policy_lag)
-    return WeightSync(url, max_policy_lag=options.max_policy_lag, required=enabled is True)
+    return WeightSync(url, max_policy_lag=options.max_policy_lag, required=enabled is True,
+                      push_every_step=options.max_policy_lag >= 1)
 
 
 def build_trainer(config: TrainConfig):
@@ -145,7 +148,8 @@ def build_trainer(config: TrainConfig):
     else:
         rollout_func = make_rollout_func(head_url, tokenizer, rows=train_rows + eval_rows,
                                          before_batch=hooks.before_batch, after_batch=hooks.after_batch,
-                                         on_records=keep, **rollout)
+                                         on_records=keep, max_policy_lag=config.weight_sync.max_policy_lag,
+                                         is_stale=hooks.is_stale, on_stats=hooks.on_stats, **rollout)
         trainer = trainer_class()(**common, reward_funcs=_reward_funcs(config, args),
                                   train_dataset=to_trl_dataset(train_rows),
                                   eval_dataset=to_trl_dataset(eval_rows) if eval_rows else None,
@@ -168,10 +172,15 @@ def train(config: TrainConfig) -> dict[str, Any]:
         result = trainer.train()
     finally:
         trainer.gymserve_rollouts.close()
+        queue = getattr(getattr(trainer, "rollout_func", None), "queue", None)
+        if queue is not None:  # rollouts read ahead past the last step
+            queue.close()
         if trainer.gymserve_client is not None:
             run_sync(trainer.gymserve_client.aclose)  # its pooled connections, before the loop thread dies
-    if trainer.gymserve_sync is not None:  # the policy server ends on the final weights
-        trainer.gymserve_sync.push(trainer.accelerator.unwrap_model(trainer.model), int(result.global_step))
+    sync = trainer.gymserve_sync
+    # the policy server ends on the final weights (a read-ahead or a last evaluation may have pushed them)
+    if sync is not None and (sync.server_version is None or sync.server_version < int(result.global_step)):
+        sync.push(trainer.accelerator.unwrap_model(trainer.model), int(result.global_step))
     metrics = Path(config.output_dir) / "metrics.jsonl"
     plot_path = None
     if config.plot:

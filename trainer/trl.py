@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterable
 from services.core.content import content_text
 from services.core.failures import FailureKind
 
-from .client import RolloutClient, cut_by_batch_deadline, is_failure, run_sync
+from .client import RolloutClient, background_loop, cut_by_batch_deadline, is_failure, run_sync
+from .rollout_queue import RolloutQueue
 from .tokens import StitchError, stitch
 
 log = logging.getLogger("gymserve.trainer.trl")
@@ -39,6 +40,11 @@ def prompt_key(prompt: Any) -> str:
     if isinstance(prompt, str):
         return json.dumps([{"role": "user", "content": prompt}], sort_keys=True)
     return json.dumps([{k: v for k, v in m.items() if v is not None} for m in prompt], sort_keys=True, default=str)
+
+
+def batch_key(prompts: list[Any]) -> str:
+    """Identifies a batch by its prompts, in order (how a prefetched batch is found again)."""
+    return json.dumps([prompt_key(p) for p in prompts])
 
 
 def row_prompt(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -96,6 +102,8 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
                       on_records: Callable[[list[dict[str, Any]]], None] | None = None,
                       before_batch: Callable[[Any], None] | None = None,
                       after_batch: Callable[[Any, list[dict[str, Any]]], None] | None = None,
+                      max_policy_lag: int = 0, is_stale: Callable[[Any, dict[str, Any]], bool] | None = None,
+                      on_stats: Callable[[Any, dict[str, float]], None] | None = None,
                       ) -> Callable[[list[Any], Any], dict[str, list[Any]]]:
     """Build `rollout_func(prompts, trainer) -> dict` for trl.GRPOTrainer.
 
@@ -107,17 +115,71 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
     `batch_deadline_s`: rollouts of a batch still running that long after it started are
     cancelled and masked as `timeout` (a straggler does not hold the step); the count is in
     `rollout_func.stats["cut_by_batch_deadline"]`.
+
+    `max_policy_lag >= 1` turns on asynchronous rollouts (trainer/rollout_queue.py):
+    `rollout_func.prefetch(batch, trainer)` runs `before_batch` (the weights of the step just
+    finished are pushed) and starts an upcoming batch's rollouts, up to `max_policy_lag`
+    batches ahead of the one being trained (`rollout_func.read_ahead`); a prefetched sample
+    for which `is_stale(trainer, record)` holds is rolled out again. `on_stats(trainer, counts)`
+    gets per-batch `stale_dropped` and `prefetch_hit`.
     """
     client = RolloutClient(head_url, agents=agents, concurrency=concurrency, deadline_s=deadline_s, retries=retries)
     index = RowIndex(rows or ())
-    state = {"indexed_trainer": False, "batch": 0}
+    state: dict[str, Any] = {"indexed_trainer": False, "batch": 0, "last_prefetched": None}
     stats = {"cut_by_batch_deadline": 0}
+    queue = None
+    if max_policy_lag >= 1:
+        # the batch about to be trained is still queued when the k batches after it are read ahead
+        queue = RolloutQueue(lambda todo_rows: client.run_many(todo_rows, batch_deadline_s=batch_deadline_s),
+                             background_loop().loop, max_pending=max_policy_lag + 1)
 
-    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+    def index_trainer(trainer: Any) -> None:
         if not state["indexed_trainer"] and trainer is not None:
             index.add_dataset(getattr(trainer, "train_dataset", None))
             index.add_dataset(getattr(trainer, "eval_dataset", None))
             state["indexed_trainer"] = True
+
+    def run_rows(todo_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return run_sync(lambda: client.run_many(todo_rows, batch_deadline_s=batch_deadline_s))
+
+    def prefetch(batch: list[dict[str, Any]], trainer: Any) -> bool:
+        """Start the rollouts of an upcoming dataloader batch (items with a `prompt`)."""
+        if queue is None:
+            return False
+        index_trainer(trainer)
+        prompts = [item["prompt"] for item in batch]
+        key = batch_key(prompts)
+        if key == state["last_prefetched"]:  # TRL repeats a batch for num_iterations > 1
+            return False
+        work, _ = _build_rows(prompts, index, trainer, sampling, state["batch"] + len(queue))
+        todo_rows = [row for row in work if row is not None]
+        if not todo_rows:
+            return False
+        if before_batch is not None:  # the weights of the step just finished, before sampling ahead
+            before_batch(trainer)
+        if not queue.submit(key, todo_rows):
+            return False
+        state["last_prefetched"] = key
+        return True
+
+    def collect(prompts: list[Any], todo: list[tuple[int, dict[str, Any]]], trainer: Any) -> list[dict[str, Any]]:
+        """The batch's records: prefetched ones (stale samples rolled out again), else collected now."""
+        results = queue.take(batch_key(prompts)) if queue is not None else None
+        if queue is None or results is None or len(results) != len(todo):
+            results = run_rows([row for _, row in todo])
+            if queue is not None and on_stats is not None:
+                on_stats(trainer, {"prefetch_hit": 0.0, "stale_dropped": 0.0})
+            return results
+        stale = [k for k, record in enumerate(results) if is_stale is not None and is_stale(trainer, record)]
+        if stale:
+            for k, record in zip(stale, run_rows([todo[k][1] for k in stale])):
+                results[k] = record
+        if on_stats is not None:
+            on_stats(trainer, {"prefetch_hit": 1.0, "stale_dropped": float(len(stale))})
+        return results
+
+    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        index_trainer(trainer)
         if before_batch is not None:
             before_batch(trainer)
         work, missing = _build_rows(prompts, index, trainer, sampling, state["batch"])
@@ -125,7 +187,7 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
         todo = [(i, row) for i, row in enumerate(work) if row is not None]
         records: list[dict[str, Any] | None] = [None] * len(prompts)
         if todo:
-            results = run_sync(lambda: client.run_many([row for _, row in todo], batch_deadline_s=batch_deadline_s))
+            results = collect(prompts, todo, trainer)
             for (i, _), record in zip(todo, results):
                 records[i] = record
             stats["cut_by_batch_deadline"] += sum(cut_by_batch_deadline(r) for r in results)
@@ -142,6 +204,12 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
     rollout_func.client = client  # type: ignore[attr-defined]
     rollout_func.stats = stats  # type: ignore[attr-defined]
     rollout_func.index = index  # type: ignore[attr-defined]
+    rollout_func.queue = queue  # type: ignore[attr-defined]
+    rollout_func.prefetch = prefetch  # type: ignore[attr-defined]
+    rollout_func.read_ahead = max_policy_lag if queue is not None else 0  # type: ignore[attr-defined]
+    rollout_func.queue = queue  # type: ignore[attr-defined]
+    rollout_func.prefetch = prefetch  # type: ignore[attr-defined]
+    rollout_func.read_ahead = max_policy_lag if queue is not None else 0  # type: ignore[attr-defined]
     return rollout_func
 
 

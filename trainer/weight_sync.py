@@ -30,6 +30,8 @@ import httpx
 from services.core.auth import auth_headers
 from services.models.hf.weights import save_tensors, shared_dir
 
+from .rollout_queue import is_stale
+
 log = logging.getLogger("gymserve.trainer.sync")
 
 POLICY_KIND = "models/hf"
@@ -66,11 +68,13 @@ class WeightSync:
     """Pushes the trainer's weights to one models/hf server when its version lags too far."""
 
     def __init__(self, url: str, *, max_policy_lag: int = 0, directory: str | Path | None = None,
-                 timeout_s: float = 300.0, required: bool = True) -> None:
+                 timeout_s: float = 300.0, required: bool = True, push_every_step: bool = False) -> None:
         if max_policy_lag < 0:
             raise ValueError("max_policy_lag must be >= 0")
         self.url = url.rstrip("/")
         self.max_policy_lag = max_policy_lag
+        # asynchronous rollouts: the lag comes from sampling ahead, so every new step's weights are pushed
+        self.push_every_step = push_every_step
         self.directory = Path(directory) if directory else shared_dir()
         self.timeout_s = timeout_s
         self.server_version: int | None = None  # in trainer steps; unknown until the first sync
@@ -85,10 +89,12 @@ class WeightSync:
         return int(body["data"][0]["weights_version"])
 
     def before_rollout(self, model: Any, step: int) -> SyncResult:
-        """Sync when the server is unknown (first batch) or more than `max_policy_lag` behind `step`."""
+        """Sync when the server is unknown (first batch) or more than `max_policy_lag` behind `step`
+        (with `push_every_step`, whenever it is behind `step`)."""
         if self.disabled:
             return SyncResult(self.server_version or 0, synced=False)
-        if self.server_version is not None and step - self.server_version <= self.max_policy_lag:
+        allowed = 0 if self.push_every_step else self.max_policy_lag
+        if self.server_version is not None and step - self.server_version <= allowed:
             return SyncResult(self.server_version, synced=False)
         return self.push(model, step)
 
@@ -145,6 +151,20 @@ class PolicyHooks:
         model = trainer.accelerator.unwrap_model(trainer.model)
         result = self.sync.before_rollout(model, int(trainer.state.global_step))
         self._metrics(trainer)["policy/sync_seconds"].append(result.seconds)
+
+    def is_stale(self, trainer: Any, record: dict[str, Any]) -> bool:
+        """A prefetched sample more than `max_policy_lag` versions behind the step that would train on it."""
+        if self.sync is None or trainer is None or self.sync.offset is None:
+            return False
+        return is_stale(record, int(trainer.state.global_step), self.sync.max_policy_lag, self.sync.offset)
+
+    def on_stats(self, trainer: Any, counts: dict[str, float]) -> None:
+        """Asynchronous rollouts' per-batch counts: `policy/stale_dropped`, `policy/prefetch_hit`."""
+        if trainer is None:
+            return
+        metrics = self._metrics(trainer)
+        for name, value in counts.items():
+            metrics[f"policy/{name}"].append(value)
 
     def after_batch(self, trainer: Any, records: list[dict[str, Any]]) -> None:
         if trainer is None:

@@ -238,3 +238,36 @@ def test_trl_rollout_func_batch_deadline_masks_stragglers(stack):
     assert rollout.stats["cut_by_batch_deadline"] == 1
     assert out["env_reward"][0] is None  # masked, not a reward of 0
     assert records[0]["failure_kind"] == "timeout" and records[1]["reward"] == 1.0
+
+
+def test_trl_rollout_func_async_takes_prefetched_batches_and_reruns_stale_samples(stack):
+    from trainer.trl import make_rollout_func, row_prompt
+
+    head, _ = stack
+    paris, madrid = _row("Capital of France?", "Paris"), _row("Capital of Spain?", "Madrid")
+    tokenizer = types.SimpleNamespace(eos_token_id=0)
+    records: list[dict] = []
+    counts: list[dict] = []
+    stale_once = {1: True}  # the first Madrid sample (task 1) taken from the queue is stale
+
+    def is_stale(trainer, record):
+        return stale_once.pop(record["_ng_task_index"], False)
+
+    rollout = make_rollout_func(head.url, tokenizer, rows=[paris, madrid], retries=0, max_policy_lag=1,
+                                on_records=records.extend, is_stale=is_stale,
+                                on_stats=lambda trainer, c: counts.append(c))
+    prompts = [row_prompt(paris), row_prompt(madrid)]
+    try:
+        assert rollout.prefetch([{"prompt": p} for p in prompts], None)
+        assert not rollout.prefetch([{"prompt": p} for p in prompts], None)  # a repeated batch is not re-queued
+        assert rollout.prefetch([{"prompt": prompts[0]}], None)  # the batch trained next + 1 ahead
+        assert not rollout.prefetch([{"prompt": prompts[1]}], None)  # bounded: full
+        rollout(prompts, None)
+        rollout(prompts, None)  # not prefetched: collected now
+    finally:
+        run_sync(rollout.client.aclose)
+    assert counts == [{"prefetch_hit": 1.0, "stale_dropped": 1.0}, {"prefetch_hit": 0.0, "stale_dropped": 0.0}]
+    assert rollout.queue.stats["hits"] == 1 and rollout.queue.stats["misses"] == 1 and rollout.queue.stats["full"] == 1
+    assert len(rollout.queue) == 1  # the [Paris] batch read ahead, never asked for
+    rollout.queue.close()
+    assert [(r["_ng_task_index"], r["reward"]) for r in records] == [(0, 1.0), (1, 0.0)] * 2 and not stale_once

@@ -207,3 +207,45 @@ def test_grpo_gdpo_step_through_real_agent_and_model(tokenizer, tmp_path):
     # the weights move only where a group's rewards differ (GRPO's advantage); the untrained tiny
     # policy ties them, so the step must at least leave every weight finite
     assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+
+
+def test_async_rollouts_take_every_step_batch_from_the_queue(tokenizer, agent, tmp_path):
+    """max_policy_lag 1: the trainer reads one batch ahead and each step's rollouts were started before it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from trl import GRPOConfig
+
+    from trainer.client import run_sync
+    from trainer.grpo import trainer_class
+    from trainer.trl import make_rollout_func, reward_functions, to_trl_dataset
+    from trainer.weight_sync import PolicyHooks
+
+    app, url = agent
+    app.state.calls.clear()
+    rows = [{"responses_create_params": {"input": [{"role": "user", "content": f"async question {i}"}]},
+             "agent_ref": {"type": "responses_api_agents", "name": "scripted_agent"}, "expected_answer": str(i)}
+            for i in range(4)]
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                         max_position_embeddings=512, eos_token_id=tokenizer.eos_token_id,
+                                         pad_token_id=tokenizer.pad_token_id))
+    hooks = PolicyHooks(None)
+    rollout = make_rollout_func(None, tokenizer, agents={"scripted_agent": url}, max_policy_lag=1,
+                                on_stats=hooks.on_stats)
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, max_steps=3, num_generations=4,
+                      per_device_train_batch_size=8, learning_rate=1e-3, logging_steps=1, report_to="none",
+                      save_strategy="no", beta=0.0, max_completion_length=16, gradient_checkpointing=False)
+    trainer = trainer_class()(model=model, reward_funcs=reward_functions(), args=args,
+                              train_dataset=to_trl_dataset(rows), processing_class=tokenizer, rollout_func=rollout)
+    try:
+        trainer.train()
+    finally:
+        rollout.queue.close()
+        run_sync(rollout.client.aclose)
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["policy/prefetch_hit"] for h in logs] == [1.0, 1.0, 1.0]
+    assert rollout.queue.stats["hits"] == 3 and rollout.queue.stats["misses"] == 0
+    trained = {(c["_gymserve_batch"], c["responses_create_params"]["input"][0]["content"]) for c in app.state.calls}
+    assert {batch for batch, _ in trained} >= {0, 1, 2}
+    assert len(app.state.calls) >= 24  # three steps of 2 prompts x 4 samples, plus a batch read ahead

@@ -155,3 +155,33 @@ def test_shipped_training_configs_load(name):
     assert grpo_args(config).max_steps > 0
     if name == "learn_multi_cpu.yaml":  # two environments of different kinds, NeMo RL's estimator
         assert len(config.train_data) == 2 and config.grpo.advantage == "nemo_rl_grpo"
+
+
+def test_num_prompts_per_dataset_fixes_each_steps_mix(tmp_path):
+    import json
+
+    from trainer.config import grpo_args
+    from trainer.data import load_rows, quota_order
+
+    for name, agent, count in (("a.jsonl", "math", 6), ("b.jsonl", "mcqa", 2)):
+        (tmp_path / name).write_text("".join(json.dumps({"agent_ref": {"name": agent}, "i": i}) + "\n"
+                                             for i in range(count)))
+    quotas = "train_data: [a.jsonl, b.jsonl]\nnum_prompts_per_dataset: [3, 1]\n"
+    text = f"output_dir: out\n{quotas}grpo: {{num_generations: 2, per_device_train_batch_size: 8}}\n"
+    (tmp_path / "q.yaml").write_text(text)
+    config = load_config(tmp_path / "q.yaml")
+    rows, _ = load_rows(config)
+    steps = [rows[k:k + 4] for k in range(0, len(rows), 4)]
+    assert len(steps) == 2  # file a needs 6 / 3 steps; file b (2 rows, 1 a step) is cycled as needed
+    for step in steps:
+        assert [r["agent_ref"]["name"] for r in step] == ["math"] * 3 + ["mcqa"]
+    assert sorted(r["i"] for r in rows if r["agent_ref"]["name"] == "math") == list(range(6))  # each row once
+    assert quota_order([[{"i": 0}], [{"j": 0}, {"j": 1}, {"j": 2}]], [1, 2], seed=0)[:3][0] == {"i": 0}
+    args = grpo_args(config)
+    assert args.shuffle_dataset is False  # TRL's sampler keeps the per-step layout
+    with pytest.raises(TrainConfigError, match="num_prompts_per_dataset adds up to 4 prompts, but a step takes 2"):
+        grpo_args(load_config(tmp_path / "q.yaml", ["grpo.per_device_train_batch_size=4"]))
+    with pytest.raises(TrainConfigError, match="num_prompts_per_dataset"):
+        load_config(tmp_path / "q.yaml", ["num_prompts_per_dataset=[4]"])
+    with pytest.raises(TrainConfigError, match="num_prompts_per_dataset"):
+        load_config(tmp_path / "q.yaml", ["num_prompts_per_dataset=[4, 0]"])

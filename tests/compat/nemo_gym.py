@@ -68,3 +68,12 @@ def text_response(text: str) -> dict:
             "output": [{"type": "message", "id": "msg_x", "role": "assistant", "status": "completed",
                         "content": [{"type": "output_text", "text": text, "annotations": []}]}],
             "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+
+
+# NeMo-Gym-style math rows: no agent_ref (its collector stamps +agent_name); the stub policy always answers 4
+MATH_ROWS = [
+    {"responses_create_params": {"input": [{"role": "user", "content": "What is 2+2? Answer in \\boxed{}."}]},
+     "expected_answer": "4"},
+    {"responses_create_params": {"input": [{"role": "user", "content": "What is 3+4? Answer in \\boxed{}."}]},
+     "expected_answer": "7"},
+]

@@ -18,17 +18,12 @@ import pytest
 import yaml
 
 from services.core.loader import free_port
+from tests.compat.nemo_gym import MATH_ROWS
 from tests.integration.up_helpers import Up
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first compat test may install NeMo-Gym
 
 STACK = Path(__file__).parent / "stacks" / "nemo_agents.yaml"
-MATH_ROWS = [
-    {"responses_create_params": {"input": [{"role": "user", "content": "What is 2+2? Answer in \\boxed{}."}]},
-     "expected_answer": "4"},
-    {"responses_create_params": {"input": [{"role": "user", "content": "What is 3+4? Answer in \\boxed{}."}]},
-     "expected_answer": "7"},
-]
 
 
 @pytest.fixture(scope="module")

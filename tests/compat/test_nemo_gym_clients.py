@@ -17,18 +17,12 @@ import httpx
 import pytest
 import yaml
 
+from tests.compat.nemo_gym import MATH_ROWS
 from tests.integration.up_helpers import Up
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first compat test may install NeMo-Gym
 
 STACK = Path(__file__).parent / "stacks" / "nemo_collect.yaml"
-# NeMo-Gym rows: no agent_ref (the collector stamps +agent_name); the stub policy always answers 4
-ROWS = [
-    {"responses_create_params": {"input": [{"role": "user", "content": "What is 2+2? Answer in \\boxed{}."}]},
-     "expected_answer": "4"},
-    {"responses_create_params": {"input": [{"role": "user", "content": "What is 3+4? Answer in \\boxed{}."}]},
-     "expected_answer": "7"},
-]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +48,7 @@ def test_config_has_an_environment_server_per_agent(head):
 
 
 def test_ng_collect_rollouts_collects_from_our_head(nemo, head, workdir):
-    (workdir / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    (workdir / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in MATH_ROWS))
     done = nemo.run("ng_collect_rollouts", head["arg"], "+agent_name=math_simple_agent",
                     "+input_jsonl_fpath=rows.jsonl", "+output_jsonl_fpath=rollouts.jsonl", "+num_repeats=2",
                     cwd=workdir)
@@ -96,7 +90,7 @@ def test_model_replies_and_verify_bodies_are_complete_for_nemo_gym(nemo, head, w
     rows = {r["name"]: r for r in httpx.get(f"{head['url']}/server_instances", timeout=10).json()}
     params = {"input": [{"role": "user", "content": "2+2?"}], "tools": [], "temperature": 0.5}
     model_reply = httpx.post(f"{rows['policy_model']['url']}/v1/responses", json=params, timeout=30).json()
-    row = {**ROWS[0], "responses_create_params": {**ROWS[0]["responses_create_params"], "temperature": 0.5}}
+    row = {**MATH_ROWS[0], "responses_create_params": {**MATH_ROWS[0]["responses_create_params"], "temperature": 0.5}}
     rollout = httpx.post(f"{rows['math_simple_agent']['url']}/run", json=row, timeout=60).json()
     assert rollout["reward"] == 1.0
     verify_body = {**row, "response": rollout["response"]}
@@ -108,7 +102,7 @@ def test_model_replies_and_verify_bodies_are_complete_for_nemo_gym(nemo, head, w
 def test_gymserve_collect_routes_nemo_gym_rows_with_agent(head, workdir):
     """NeMo-Gym rows carry no agent_ref: `gymserve collect --agent NAME` routes them, as `+agent_name`."""
     rows = workdir / "rows.jsonl"
-    rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    rows.write_text("".join(json.dumps(r) + "\n" for r in MATH_ROWS))
     out = workdir / "rollouts.jsonl"
     done = subprocess.run([sys.executable, "-m", "gymserve", "collect", "-i", str(rows), "-o", str(out),
                            "--head", head["url"], "--agent", "math_simple_agent", "--no-progress"],
@@ -123,7 +117,7 @@ def test_gymserve_collect_routes_rows_by_task_source(head, workdir):
     """NeMo-Gym 0.7.0's flat rows name their dataset's instance in `task_source`: a resources server
     routes to the one agent that uses it, resolved from the head's config as NeMo-Gym resolves it."""
     rows = workdir / "rows.jsonl"
-    rows.write_text("".join(json.dumps({**r, "task_source": "math"}) + "\n" for r in ROWS))
+    rows.write_text("".join(json.dumps({**r, "task_source": "math"}) + "\n" for r in MATH_ROWS))
     out = workdir / "rollouts.jsonl"
     done = subprocess.run([sys.executable, "-m", "gymserve", "collect", "-i", str(rows), "-o", str(out),
                            "--head", head["url"], "--no-progress"],
@@ -132,7 +126,7 @@ def test_gymserve_collect_routes_rows_by_task_source(head, workdir):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted((r["expected_answer"], r["reward"]) for r in records) == [("4", 1.0), ("7", 0.0)]
     assert all(r["agent_ref"]["name"] == "math_simple_agent" for r in records)
-    rows.write_text(json.dumps({**ROWS[0], "task_source": "no_such_env"}) + "\n")
+    rows.write_text(json.dumps({**MATH_ROWS[0], "task_source": "no_such_env"}) + "\n")
     done = subprocess.run([sys.executable, "-m", "gymserve", "collect", "-i", str(rows), "-o", str(out),
                            "--head", head["url"], "--no-progress"],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "GYMSERVE_NO_AUTH": "1"})
@@ -183,7 +177,7 @@ def nemo_head(nemo, head):
 def test_gymserve_collect_and_status_against_a_nemo_gym_head(nemo_head, workdir):
     assert {r["name"] for r in nemo_head["rows"]} >= {"simple_agent", "math"}  # names are not instance names
     rows = workdir / "rows.jsonl"
-    rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    rows.write_text("".join(json.dumps(r) + "\n" for r in MATH_ROWS))
     out = workdir / "rollouts.jsonl"
     env = {**os.environ, "GYMSERVE_NO_AUTH": "1"}
     done = subprocess.run([sys.executable, "-m", "gymserve", "collect", "-i", str(rows), "-o", str(out),
@@ -208,7 +202,7 @@ def test_gymserve_prepare_reports_a_row_our_agent_rejects(head, workdir):
     rejected = httpx.post(f"{agents['math_simple_agent']}/run", json=bad, timeout=30)
     assert 400 <= rejected.status_code < 500 and "responses_create_params.temperature" in rejected.text
     rows = workdir / "rows.jsonl"
-    rows.write_text(json.dumps(bad) + "\n" + json.dumps(ROWS[0]) + "\n")
+    rows.write_text(json.dumps(bad) + "\n" + json.dumps(MATH_ROWS[0]) + "\n")
     done = subprocess.run([sys.executable, "-m", "gymserve", "prepare", "-i", str(rows), "-o", str(workdir / "out"),
                            "--agent", "math_simple_agent", "--env", "math"], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and f"{rows}:1: responses_create_params.temperature" in done.stdout + done.stderr

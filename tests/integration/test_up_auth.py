@@ -12,8 +12,7 @@ import httpx
 import pytest
 
 from gymserve.testing import verify_body
-from services.core.loader import free_port
-from tests.integration.up_helpers import STACK, Up, children, pid_alive
+from tests.integration.up_helpers import STACK, Up, children, dashboard_forwarder, pid_alive
 
 KEY = "test-key-7f3a"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -77,25 +76,10 @@ def test_status_command_uses_the_key(up):
     assert denied.returncode == 1 and "401" in denied.stderr
 
 
-def _dashboard_forwarder(head: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gymserve", "dashboard", "--head", head, "--port", str(port)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx.get(f"{url}/health", timeout=2)
-            return proc, url
-        except httpx.HTTPError:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
-            time.sleep(0.1)
-
 
 def test_dashboard_command_opens_the_dashboard_with_the_key(up):
     """A browser cannot send the bearer key: `gymserve dashboard` forwards GETs with it, read-only."""
-    proc, url = _dashboard_forwarder(up.head, {**up.env})
+    proc, url = dashboard_forwarder(up.head, {**up.env})
     try:
         page = httpx.get(f"{url}/dashboard", timeout=30)
         assert page.status_code == 200 and "/dashboard/data" in page.text and KEY not in page.text
@@ -108,7 +92,7 @@ def test_dashboard_command_opens_the_dashboard_with_the_key(up):
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
-    wrong, wrong_url = _dashboard_forwarder(up.head, {**up.env, "GYMSERVE_API_KEY": "wrong"})
+    wrong, wrong_url = dashboard_forwarder(up.head, {**up.env, "GYMSERVE_API_KEY": "wrong"})
     try:  # a wrong key gets the head's own 401, passed through
         assert httpx.get(f"{wrong_url}/dashboard", timeout=30).status_code == 401
     finally:

@@ -17,6 +17,10 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
+
+from services.core.loader import free_port
+
 STACK = Path(__file__).parent / "stacks" / "head_test.yaml"
 
 
@@ -127,3 +131,20 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def dashboard_forwarder(head: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    """`gymserve dashboard` against `head` on a free loopback port, once it answers `/health`."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gymserve", "dashboard", "--head", head, "--port", str(port)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(f"{url}/health", timeout=2)
+            return proc, url
+        except httpx.HTTPError:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.1)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from services.core.loader import free_port
-from tests.integration.up_helpers import STACK, Up
+from tests.integration.up_helpers import STACK, Up, dashboard_forwarder
 
 UNRELATED = "GS_UNRELATED_CLOUD_TOKEN"
 
@@ -80,24 +80,9 @@ def test_children_get_only_the_base_environment(up):
         assert UNRELATED not in names and "PATH" in names and "GYMSERVE_API_KEY_FILE" in names
 
 
-def _forwarder(head: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gymserve", "dashboard", "--head", head, "--port", str(port)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx.get(f"{url}/health", timeout=2)
-            return proc, url
-        except httpx.HTTPError:
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-
 
 def test_dashboard_forwarder_checks_host_and_forwards_the_dashboard_only(up):
-    proc, url = _forwarder(up.head, {k: v for k, v in up.env.items() if k != "GYMSERVE_API_KEY_FILE"})
+    proc, url = dashboard_forwarder(up.head, {k: v for k, v in up.env.items() if k != "GYMSERVE_API_KEY_FILE"})
     try:
         assert httpx.get(f"{url}/dashboard/data", timeout=30).status_code == 200
         assert httpx.get(f"{url}/dashboard", headers={"Host": "localhost"}, timeout=30).status_code == 200

@@ -25,6 +25,10 @@ def test_default_compose_file_resolves():
     port = services["head"]["ports"][0]  # Compose v1 prints the short form, v2 the long one
     assert (port.split(":")[0] if isinstance(port, str) else port["host_ip"]) == "127.0.0.1"
     assert services["policy_model"]["command"][1] == "models/hf"
+    # every server may register with the head: its name is on the head's allow-list
+    allowed = {h.strip() for h in services["head"]["environment"]["GYMSERVE_ALLOWED_HOSTS"].split(",")}
+    servers = {name for name, spec in services.items() if name != "head" and (spec.get("command") or [""])[0] == "serve"}
+    assert servers and servers <= allowed, sorted(servers - allowed)
 
 
 def test_gpu_override_resolves_to_vllm_behind_the_openai_proxy():

@@ -289,7 +289,7 @@ def test_concurrent_first_conversion_is_safe(tmp_path) -> None:
 
 def test_static_batching_without_weight_updates(tmp_path) -> None:
     """`continuous_batching=false` (a batch runs to its end before the next starts) answers what the
-    continuous engine answers; `accept_weights=false` refuses `POST /v1/weights` naming the option."""
+    continuous engine answers; `accept_weights=false` refuses `POST /v1/weights` (403) naming the option."""
     with ServerProcess("models/hf", f"model={tiny_tool_model()}", "max_batch_size=4", "max_model_len=1024",
                        "default_max_tokens=32", "continuous_batching=false", "accept_weights=false") as proc:
         static = OpenAI(base_url=f"{proc.url}/v1", api_key="unused", max_retries=0, timeout=120)
@@ -305,6 +305,6 @@ def test_static_batching_without_weight_updates(tmp_path) -> None:
         assert answers.finish_reason == "stop" and answers.message.content == WEATHER_ANSWER
         refused = httpx.post(f"{proc.url}/v1/weights", json={"path": str(tmp_path / "w.safetensors"), "version": 1},
                              timeout=30)
-        assert refused.status_code == 400 and "accept_weights=false" in refused.json()["detail"]
+        assert refused.status_code == 403 and "accept_weights=true" in refused.json()["detail"]
         models = httpx.get(f"{proc.url}/v1/models", timeout=30).json()["data"][0]
         assert models["weights_version"] == 0

@@ -1,14 +1,46 @@
-"""Test-session hygiene: the suite leaves nothing of its own in the temp folder."""
+"""Test-session hygiene: the suite leaves nothing of its own in the temp folder or the user's home, and
+no test's API key leaks into the next one."""
 from __future__ import annotations
 
 import getpass
+import os
+import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
+# What decides which key a server enforces and a client sends (services/core/auth.py).
+KEY_VARIABLES = ("GYMSERVE_API_KEY", "GYMSERVE_API_KEY_FILE", "GYMSERVE_NO_AUTH")
+_config_home: str | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # `gymserve up` (the demo, the launcher tests) writes a generated key to $XDG_CONFIG_HOME/gymserve/api_key
+    # and clients adopt that file: a private config folder for the session keeps the user's real key out of
+    # the tests and the tests' keys out of the user's home.
+    global _config_home
+    _config_home = tempfile.mkdtemp(prefix="gymserve-test-config-")
+    os.environ["XDG_CONFIG_HOME"] = _config_home
+
+
+@pytest.fixture(autouse=True)
+def _key_variables_restored() -> Iterator[None]:
+    """A client that adopted a generated key (`adopt_default_key` sets GYMSERVE_API_KEY_FILE in this
+    process) must not make every server a later test starts demand that key."""
+    saved = {name: os.environ.get(name) for name in KEY_VARIABLES}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if _config_home:
+        shutil.rmtree(_config_home, ignore_errors=True)
     # pytest's tmp_path root (emptied by tmp_path_retention_policy = "none") and the folder torch
     # creates for its compile cache on import: removed when empty, never when something is left in them.
     user = getpass.getuser()

@@ -31,6 +31,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from .auth import trust
 from .content import content_text
 from .client import ServiceClient, retry_after, shared_client
 from .directory import Directory
@@ -246,6 +247,8 @@ class Judge:
         self.config = config
         self.target = target
         self.fixed_url = target if target.startswith(("http://", "https://")) else None
+        if self.fixed_url:
+            trust(self.fixed_url)  # a URL in the server's own configuration is the stack's: it gets the key
         self.client = client or shared_client()
         self.directory = Directory(config.head_url, client=self.client)
         self.metrics = metrics

@@ -8,6 +8,8 @@ nemo-gym 0.7.0 needs Python 3.13.
 """
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any
 
 import pytest
@@ -76,13 +78,18 @@ def _example_row(kind: str) -> dict[str, Any]:
     return {k: v for k, v in examples(env)[0].items() if k != "agent_ref"}
 
 
+SANDBOXED: dict[str, dict[str, Any]] = {"resources/terminal": {"warm_pool": 0}, "resources/swe": {"warm_pool": 0}}
+
+
 @pytest.mark.parametrize("kind", ENVIRONMENTS)
 def test_nemo_gym_session_contract(kind):
     module = load_server(kind)
-    app = module.build(module.Config(name="nemo-contract", **REQUIRED.get(kind, {})))
+    app = module.build(module.Config(name="nemo-contract", **REQUIRED.get(kind, {}), **SANDBOXED.get(kind, {})))
     seed = {"resources_session_id": f"rs-{kind.replace('/', '-')}", "episode_id": {"id": "episode-1"},
             "task_id": {"id": "task-1"}, "task_data": _example_row(kind)}
-    check_resources_session_contract(app, seed, keeps_state=True)
+    # workspace environments find their sandbox at start-up: run the app's lifespan around the contract
+    with TestClient(app) if kind in SANDBOXED else contextlib.nullcontext():
+        check_resources_session_contract(app, seed, keeps_state=True)
     assert not app.state.env.sessions  # closed sessions release their state
 
 

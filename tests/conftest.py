@@ -25,17 +25,26 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_CONFIG_HOME"] = _config_home
 
 
-@pytest.fixture(autouse=True)
-def _key_variables_restored() -> Iterator[None]:
-    """A client that adopted a generated key (`adopt_default_key` sets GYMSERVE_API_KEY_FILE in this
-    process) must not make every server a later test starts demand that key."""
+def _key_state_restored() -> Iterator[None]:
+    """A key generated into the default file (`gymserve up` with no key: the demo, the launcher tests) or
+    adopted by a client (`adopt_default_key` sets GYMSERVE_API_KEY_FILE in this process) must not make the
+    servers and clients of later tests use it: both are put back as they were."""
     saved = {name: os.environ.get(name) for name in KEY_VARIABLES}
+    key_dir = Path(os.environ["XDG_CONFIG_HOME"]) / "gymserve"
+    existed = key_dir.exists()
     yield
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    if not existed:
+        shutil.rmtree(key_dir, ignore_errors=True)
+
+
+# per module (a module's own fixtures may generate the key its tests share) and per test
+_module_key_state = pytest.fixture(scope="module", autouse=True)(_key_state_restored)
+_test_key_state = pytest.fixture(autouse=True)(_key_state_restored)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

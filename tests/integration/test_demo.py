@@ -39,10 +39,11 @@ def test_demo_collects_and_prints_one_row_per_environment(tmp_path, capsys) -> N
     stack = load_stack([DEFAULT_STACK])
     for env, (_, rollouts, mean, scored, masked, failures, rate) in rows.items():
         if "judge_model_server" in stack.servers[env].options and masked == "1":
-            # the 135M policy is the judge here: a reply without a verdict label is honestly masked
+            # the 135M policy is the judge here: a reply without exactly one verdict label is honestly masked
             failure = json.loads((tmp_path / f"{env}_failures.jsonl").read_text())
             assert (rollouts, scored, failures) == ("1", "0", "upstream: 1") and failure["reward"] is None
-            assert "no verdict label" in failure["failure_reason"] and f"{env}: first failure: " in out
+            assert re.search(r"(no|conflicting) verdict label", failure["failure_reason"]), failure["failure_reason"]
+            assert f"{env}: first failure: " in out
             continue
         assert (rollouts, scored, masked, failures) == ("1", "1", "0", "none"), (env, rows[env])
         record = json.loads((tmp_path / f"{env}.jsonl").read_text())

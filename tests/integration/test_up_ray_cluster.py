@@ -107,13 +107,13 @@ def test_joining_a_two_node_cluster_spreads_replicas_and_serves_a_model(cluster,
         up.wait_for(r"all 4 servers ready", timeout_s=480)
         assert up.count(f"joining Ray at {address}") == 1
         head = up.wait_for(r"head: (http://\S+)").group(1)
-        rows = {r["name"]: r for r in httpx.get(f"{head}/server_instances", timeout=10).json()}
+        rows = {r["name"]: r for r in httpx.get(f"{head}/server_instances", headers=up.auth, timeout=10).json()}
         pids = rows["math"]["replicas"]["pids"]
         assert len(pids) == 2 and sorted(_parent(p) for p in pids) == sorted(raylets)  # one replica per node
         assert rows["policy"]["backend"] == "ray" and rows["policy"]["replicas"]["running"] == 1
         row = {"responses_create_params": {"input": [{"role": "user", "content": "2+2?"}], "max_output_tokens": 16},
                "expected_answer": "4"}
-        reply = httpx.post(f"{head}/servers/math_simple_agent/run", json=row, timeout=300).json()
+        reply = httpx.post(f"{head}/servers/math_simple_agent/run", json=row, headers=up.auth, timeout=300).json()
         assert reply["mask_sample"] is False and reply["reward"] in (0.0, 1.0), reply
         message = [i for i in reply["response"]["output"] if i["type"] == "message"][-1]
         assert message["generation_token_ids"] and len(message["generation_log_probs"]) == len(

@@ -5,7 +5,8 @@ agent loop, the model backends, the reward model and the trainer adapters.
 """
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, Collection
 
 from .errors import BadRequest
 
@@ -99,3 +100,19 @@ def item_problem(item: Any, where: str) -> str | None:
     if "summary" in item:
         return content_problem(item["summary"], f"{where}.summary")
     return None
+
+
+def function_calls(output: Any, names: Collection[str]) -> list[tuple[str, dict[str, Any]]]:
+    """The (name, arguments) of a response's function calls to `names`, in order; a call whose arguments
+    are not a JSON object is dropped (the tool never ran it)."""
+    calls = []
+    for item in output:
+        data = item.model_dump() if hasattr(item, "model_dump") else item
+        if isinstance(data, dict) and data.get("type") == "function_call" and data.get("name") in names:
+            try:
+                args = json.loads(data.get("arguments") or "{}")
+            except (TypeError, ValueError):
+                continue
+            if isinstance(args, dict):
+                calls.append((data["name"], args))
+    return calls

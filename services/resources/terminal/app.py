@@ -8,7 +8,6 @@ A sandbox failure is a masked reply (`failure_kind: sandbox`), never a 0.
 """
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import Field
 
+from services.core.content import function_calls
 from services.core.errors import BadRequest, GymError
 from services.core.replies import exception_reply, scored_reply
 from services.core.resource import Session, create_resource_app
@@ -57,17 +57,7 @@ def _files(body: dict[str, Any]) -> dict[str, str]:
 
 
 def replayed_calls(request: VerifyRequest) -> list[tuple[str, dict[str, Any]]]:
-    calls = []
-    for item in request.response.output:
-        data = item.model_dump() if hasattr(item, "model_dump") else item
-        if data.get("type") == "function_call" and data.get("name") in REPLAYED:
-            try:
-                args = json.loads(data.get("arguments") or "{}")
-            except ValueError:
-                continue
-            if isinstance(args, dict):
-                calls.append((data["name"], args))
-    return calls
+    return function_calls(request.response.output, REPLAYED)
 
 
 class Terminal(WorkspaceEnvironment):

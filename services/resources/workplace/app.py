@@ -15,6 +15,7 @@ from typing import Any, Literal
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
+from services.core.content import function_calls
 from services.core.errors import BadRequest
 from services.core.openapi import describe
 from services.core.replies import scored_reply
@@ -64,17 +65,7 @@ def replay(db: WorkplaceDB, calls: list[tuple[str, dict[str, Any]]], *, strict: 
 
 def predicted_calls(request: VerifyRequest) -> list[tuple[str, dict[str, Any]]]:
     """The model's function calls from the trajectory, invalid ones dropped (they changed nothing)."""
-    calls = []
-    for item in request.response.output:
-        data = item.model_dump() if hasattr(item, "model_dump") else item
-        if data.get("type") == "function_call" and data.get("name") in wp.TOOLS:
-            try:
-                args = json.loads(data.get("arguments") or "{}")
-            except ValueError:
-                continue
-            if isinstance(args, dict):
-                calls.append((data["name"], args))
-    return calls
+    return function_calls(request.response.output, wp.TOOLS)
 
 
 class ToolCall(BaseModel):

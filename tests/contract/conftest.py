@@ -7,16 +7,10 @@ import pytest
 
 from gymserve.testing import ServerProcess
 
-from .servers import ENVIRONMENTS, judge_server, options_for, start_all, stop_all
+from .servers import running_environments
 
 
 @pytest.fixture(scope="package")
 def env_servers() -> Iterator[dict[str, ServerProcess]]:
-    judge = judge_server()
-    servers = {env: ServerProcess(f"resources/{env}", *options_for(env, judge), name=f"contract-{env}",
-                                  ready_timeout_s=180) for env in ENVIRONMENTS}
-    start_all([judge, *servers.values()])
-    try:
+    with running_environments("contract") as servers:
         yield servers
-    finally:
-        stop_all([judge, *servers.values()])

@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from gymserve.testing import ServerProcess, response_with_text
 
@@ -58,6 +59,19 @@ def stop_all(servers: list[ServerProcess]) -> None:
     for server in servers:
         server.stop()
         Path(server._logfile.name).unlink(missing_ok=True)
+
+
+@contextmanager
+def running_environments(prefix: str) -> Iterator[dict[str, ServerProcess]]:
+    """Every environment's server (named `{prefix}-{env}`), the judged ones pointed at one scripted judge."""
+    judge = judge_server()
+    servers = {env: ServerProcess(f"resources/{env}", *options_for(env, judge), name=f"{prefix}-{env}",
+                                  ready_timeout_s=180) for env in ENVIRONMENTS}
+    start_all([judge, *servers.values()])
+    try:
+        yield servers
+    finally:
+        stop_all([judge, *servers.values()])
 
 
 def examples(env: str) -> list[dict[str, Any]]:

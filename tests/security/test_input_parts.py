@@ -14,21 +14,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gymserve.testing import ServerProcess
-from tests.contract.servers import ENVIRONMENTS, examples, judge_server, options_for, start_all, stop_all, verify_body_for
+from tests.contract.servers import ENVIRONMENTS, examples, running_environments, verify_body_for
 
 ENVS = sorted(ENVIRONMENTS)
 
 
 @pytest.fixture(scope="module")
 def env_servers() -> Iterator[dict[str, ServerProcess]]:
-    judge = judge_server()  # the judged environments call it (a scripted stub)
-    servers = {env: ServerProcess(f"resources/{env}", *options_for(env, judge), name=f"parts-{env}",
-                                  ready_timeout_s=180) for env in ENVIRONMENTS}
-    start_all([judge, *servers.values()])
-    try:
+    with running_environments("parts") as servers:
         yield servers
-    finally:
-        stop_all([judge, *servers.values()])
 
 
 @pytest.fixture(scope="module")

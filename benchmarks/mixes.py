@@ -6,16 +6,23 @@ answers in the forms models write them (boxed, fractions, decimals, radicals, pl
 wrong answers, answers missing, and long reasoning (several kB). Code gets correct, wrong and
 broken programs; instruction_following gets compliant and non-compliant texts. A seeded
 draw, so two runs (and the two sides of an A/B) see the same items.
+
+When NeMo-Gym 0.7.0's virtualenv is cached (the compat tests create it), its recorded rollouts
+(real model responses to its example rows: math_with_judge, code_gen, instruction_following)
+join the mix as one item in ten, each with its own NeMo-Gym row, unchanged.
 """
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVS = ("math", "code", "instruction_following")
+NEMO_GYM_ENVS = {"math": "math_with_judge", "code": "code_gen", "instruction_following": "instruction_following"}
+RECORDED_SHARE = 0.1
 
 REASONING = ("Let me restate the problem to be sure I read it right. ",
              "We can check this by substituting back into the original expression. ",
@@ -73,6 +80,26 @@ def rows(env: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def nemo_gym_recorded(env: str) -> list[tuple[dict[str, Any], str]]:
+    """NeMo-Gym's recorded (row, response text) pairs for `env`; empty when its virtualenv is not cached."""
+    cache = Path(os.environ.get("GYMSERVE_NEMO_GYM_CACHE") or Path.home() / ".cache" / "gymserve")
+    found = sorted(cache.glob(f"nemo-gym-0.7.0/lib/python3.*/site-packages/resources_servers/{NEMO_GYM_ENVS[env]}/data"))
+    if not found:
+        return []
+    read = lambda name: [json.loads(line) for line in (found[0] / name).read_text().splitlines() if line.strip()]  # noqa: E731
+    prompt = lambda record: str(record["responses_create_params"]["input"][0]["content"])  # noqa: E731
+    by_prompt = {prompt(row): row for row in read("example.jsonl")}
+    out = []
+    for rollout in read("example_rollouts.jsonl"):
+        row = by_prompt.get(prompt(rollout))
+        message = [item for item in rollout["response"]["output"] if item.get("type") == "message"]
+        if row is None or not message:
+            continue
+        text = "".join(part.get("text", "") for part in message[-1]["content"])
+        out.append(({**row, "agent_ref": {"name": f"{env}_simple_agent"}}, text))
+    return out
+
+
 def _long(rng: random.Random, answer: str) -> str:
     """A long reasoning trace (4 to 12 kB) ending in the answer."""
     body = "".join(rng.choice(REASONING) for _ in range(rng.randint(60, 180)))
@@ -115,9 +142,12 @@ def mix(env: str, n: int, seed: int = 0) -> list[tuple[dict[str, Any], str]]:
         items = [item for part in parts for item in part]
         rng.shuffle(items)
         return items[:n]
-    table = rows(env)
+    table, recorded = rows(env), nemo_gym_recorded(env)
     out = []
     for _ in range(n):
+        if recorded and rng.random() < RECORDED_SHARE:
+            out.append(rng.choice(recorded))
+            continue
         index = rng.randrange(len(table))
         row = table[index]
         if env == "math":

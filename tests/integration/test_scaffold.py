@@ -36,15 +36,17 @@ def copy_project(dest: Path) -> None:
             shutil.copy2(src, dst)
 
 
-def python(root: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-    """`python ARGS` in the copy, importing the copy's packages."""
+def python(root: Path, *args: str, timeout: float = 400, key: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` in the copy, importing the copy's packages (with the stack's key when given)."""
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+    if key:
+        env["GYMSERVE_API_KEY"] = key
     return subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
-def gymserve(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return python(root, "-m", "gymserve", *args)
+def gymserve(root: Path, *args: str, key: str | None = None) -> subprocess.CompletedProcess[str]:
+    return python(root, "-m", "gymserve", *args, key=key)
 
 
 STACK_LOADS = ("from services.core.config import load_stack; from gymserve.launcher import check_kind; "
@@ -70,7 +72,7 @@ def _up_with_the_stub_and_collect(root: Path) -> None:
         head = up.wait_for(r"head on (http://\S+)").group(1)
         out = root / "runs" / "trivia.jsonl"
         collected = gymserve(root, "collect", "-i", "datasets/trivia/example.jsonl", "-o", str(out), "--head", head,
-                             "--no-progress")
+                             "--no-progress", key=up.key)
         assert collected.returncode == 0, collected.stdout + collected.stderr
         assert f"head: {head} (from --head)" in collected.stdout
         rewards = [json.loads(line)["reward"] for line in out.read_text().splitlines()]

@@ -22,6 +22,12 @@ from tests.contract.test_openapi_schemas import REQUIRED  # options a kind needs
 ENVIRONMENTS = [kind for kind in available_kinds() if kind.startswith("resources/")]
 
 
+# NeMo-Gym 0.7.0's EpisodeId and TaskId shapes (nemo_gym/episode_types.py; checked by its own models in
+# tests/compat/test_session_contract.py)
+EPISODE = {"rollout_id": "rollout-1", "attempt": 0}
+TASK = {"taskset": "contract:example", "task_id": "1"}
+
+
 def _seed_reply(body: Any) -> dict[str, Any]:
     """ResourcesSeedSessionResponse.model_validate: resources_session_id (str), two optional fields, no others."""
     assert isinstance(body, dict) and set(body) <= {"resources_session_id", "resources_tools", "sandbox_access"}, body
@@ -85,8 +91,8 @@ SANDBOXED: dict[str, dict[str, Any]] = {"resources/terminal": {"warm_pool": 0}, 
 def test_nemo_gym_session_contract(kind):
     module = load_server(kind)
     app = module.build(module.Config(name="nemo-contract", **REQUIRED.get(kind, {}), **SANDBOXED.get(kind, {})))
-    seed = {"resources_session_id": f"rs-{kind.replace('/', '-')}", "episode_id": {"id": "episode-1"},
-            "task_id": {"id": "task-1"}, "task_data": _example_row(kind)}
+    seed = {"resources_session_id": f"rs-{kind.replace('/', '-')}", "episode_id": {"rollout_id": "rollout-1", "attempt": 0},
+            "task_id": {"taskset": "contract:example", "task_id": "1"}, "task_data": _example_row(kind)}
     # workspace environments find their sandbox at start-up: run the app's lifespan around the contract
     with TestClient(app) if kind in SANDBOXED else contextlib.nullcontext():
         check_resources_session_contract(app, seed, keeps_state=True)
@@ -98,7 +104,7 @@ def test_workplace_named_session_is_usable_with_its_cookie():
     module = load_server("resources/workplace")
     app = module.build(module.Config(name="nemo-tools"))
     client = TestClient(app, raise_server_exceptions=False)
-    seed = {"resources_session_id": "rs-tools", "episode_id": {"id": "e"}, "task_id": {"id": "t"},
+    seed = {"resources_session_id": "rs-tools", "episode_id": EPISODE, "task_id": TASK,
             "task_data": _example_row("resources/workplace")}
     seeded = client.post("/seed_session", json=seed)
     assert seeded.status_code == 200 and seeded.json() == {"resources_session_id": "rs-tools"}
@@ -114,7 +120,7 @@ def test_a_failed_named_seed_can_be_retried():
     app = module.build(module.Config(name="nemo-retry"))
     client = TestClient(app, raise_server_exceptions=False)
     row = _example_row("resources/workplace")
-    seed = {"resources_session_id": "rs-retry", "episode_id": {"id": "e"}, "task_id": {"id": "t"},
+    seed = {"resources_session_id": "rs-retry", "episode_id": EPISODE, "task_id": TASK,
             "task_data": {**row, "initial_state": {"invoices": []}}}
     assert client.post("/seed_session", json=seed).status_code == 400
     assert not app.state.env.sessions

@@ -18,7 +18,7 @@ VERSION = "0.7.0"
 STAMP = ".gymserve-installed"
 # NeMo-Gym installs each resources server's requirements.txt beside it; these are the ones of the
 # servers the differential tests run (resources_servers/math_with_judge/requirements.txt)
-SERVER_REQUIREMENTS = ["math-verify==0.8.0"]
+SERVER_REQUIREMENTS = ["math-verify==0.8.0", "reasoning-gym==0.1.25"]
 
 
 def cache_root() -> Path:

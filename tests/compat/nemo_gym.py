@@ -12,13 +12,15 @@ import glob
 import os
 import shutil
 import subprocess
+from importlib.metadata import version
 from pathlib import Path
 
 VERSION = "0.7.0"
 STAMP = ".gymserve-installed"
 # NeMo-Gym installs each resources server's requirements.txt beside it; these are the ones of the
-# servers the differential tests run (resources_servers/math_with_judge/requirements.txt)
-SERVER_REQUIREMENTS = ["math-verify==0.8.0", "reasoning-gym==0.1.25"]
+# servers the differential tests run (resources_servers/{math_with_judge,reasoning_gym}/requirements.txt);
+# reasoning-gym at the version installed here, so both sides score with the same task code
+SERVER_REQUIREMENTS = ["math-verify==0.8.0", f"reasoning-gym=={version('reasoning_gym')}"]
 
 
 def cache_root() -> Path:

@@ -14,8 +14,6 @@ from typing import Any
 
 PUNCTUATION = string.punctuation
 _NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
-
-
 _WORD = re.compile(r"\w+")
 _ABBREVIATIONS = {
     "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "inc", "ltd", "co", "corp", "e.g", "i.e",
@@ -105,7 +103,7 @@ _OI_DOTS = re.compile(r"\.{2,}")
 
 def split_sentences_ifeval_regex(text: str) -> list[str]:
     """IFEval's regex sentence splitter (its `split_into_sentences`), which open-instruct's
-    first-word check uses: kept as is, so verdicts match NeMo-Gym's."""
+    sentence checks use: kept as is, so verdicts match NeMo-Gym's."""
     text = (" " + text + "  ").replace("\n", " ")
     for pattern, replacement in _OI_SENTENCE_STEPS:
         text = pattern.sub(replacement, text)

@@ -17,6 +17,7 @@ from services.resources.instruction_following import open_instruct
 from services.resources.instruction_following.checks import REGISTRY, UNSUPPORTED, InstructionError, check_row, parse_row
 
 REFERENCE_IDS = Path(__file__).with_name("instruction_following_reference_ids.json")
+REFERENCE_VERDICTS = Path(__file__).with_name("instruction_following_reference_verdicts.json")
 PROMPT = "Write a poem about the sea."
 
 
@@ -85,6 +86,15 @@ def test_the_registry_covers_every_reference_id():
     reference = {iid for source in sources for iid in source["ids"]}
     assert reference - set(REGISTRY) == set(UNSUPPORTED) == {"words:start_verb"}
     assert set(REGISTRY) - reference == {"startend:start_checker"}  # Google IFEval's, which the others dropped
+
+
+def test_verdicts_equal_the_reference_codes_recorded_ones():
+    """About a thousand texts (both verdicts for every open-instruct and IFBench id), judged by the
+    reference code itself when the file was recorded (its header says how)."""
+    rows = json.loads(REFERENCE_VERDICTS.read_text())["rows"]
+    assert len(rows) > 1000 and len({r["id"] for r in rows}) == 29 + 57
+    differ = [(r["id"], r["text"]) for r in rows if follows(r["id"], r["text"], **r["kwargs"]) is not r["followed"]]
+    assert not differ
 
 
 def test_edge_cases_as_the_reference_judges_them():

@@ -25,7 +25,7 @@ from .args import integer as _int
 from .args import relation as _relation
 from .args import string as _str
 from .args import strings as _strs
-from .text import count_sentences, count_words, detect_language, word_tokens
+from .text import count_sentences, count_words, detect_language, nltk_words
 
 __all__ = ["REGISTRY", "UNSUPPORTED", "InstructionError", "check_row", "count_sentences", "count_words",
            "loose_variants", "parse_row"]
@@ -238,7 +238,7 @@ def _start_checker(iid: str, kw: dict[str, Any]) -> Check:
 
 def _capital_word_frequency(iid: str, kw: dict[str, Any]) -> Check:
     n, relation = _int(iid, kw, "capital_frequency"), _relation(iid, kw, "capital_relation")
-    return lambda t: _compare(sum(1 for w in word_tokens(t) if w.isupper()), relation, n)
+    return lambda t: _compare(sum(1 for w in nltk_words(t) if w.isupper()), relation, n)
 
 
 def _english_capital(iid: str, kw: dict[str, Any]) -> Check:
@@ -283,7 +283,7 @@ REGISTRY: dict[str, Spec] = {
     "startend:end_checker": Spec(_end_checker),
     "startend:start_checker": Spec(_start_checker),
     "startend:quotation": Spec(_quotation),
-    "change_case:capital_word_frequency": Spec(_capital_word_frequency),
+    "change_case:capital_word_frequency": Spec(_capital_word_frequency, slow=True),
     "change_case:english_capital": Spec(_english_capital, slow=True),
     "change_case:english_lowercase": Spec(_english_lowercase, slow=True),
     "punctuation:no_comma": Spec(_no_comma),

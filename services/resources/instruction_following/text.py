@@ -63,14 +63,6 @@ def count_sentences(text: str) -> int:
     return len(split_sentences(text))
 
 
-_TOKEN = re.compile(r"\w+(?:[-'’]\w+)*|[^\w\s]")
-
-
-def word_tokens(text: str) -> list[str]:
-    """Words (hyphenated words count as one) and punctuation, like NLTK's word_tokenize for casing checks."""
-    return _TOKEN.findall(text)
-
-
 def detect_language(text: str) -> str | None:
     """ISO 639-1 code via langdetect (deterministic seed); None when undetectable."""
     from langdetect import DetectorFactory, LangDetectException, detect

@@ -3,8 +3,8 @@
 NeMo-Gym's instruction_following server cannot run here (its checks come from
 `verifiable-instructions`, which is not on the package index), so its verdicts are the ones its
 recorded rollouts hold: each example row, unchanged, with its recorded response goes to our
-server; every per-instruction verdict and every reward must equal NeMo-Gym's. A row using an
-open-instruct/IFBench id we do not implement is a 400 naming the id."""
+server; every per-instruction verdict and every reward must equal NeMo-Gym's. A row with an id
+no reference registry has is a 400 naming the id."""
 from __future__ import annotations
 
 import json
@@ -34,8 +34,8 @@ def test_verdicts_equal_nemo_gyms_recorded_ones_on_its_rows(nemo):
     with ServerProcess("resources/instruction_following", "workers=1") as server:
         replies = [server.post("/verify", body).json() for body in bodies + moved]
         unknown = server.post("/verify", {**moved[0], "verifier_metadata": {
-            **moved[0]["verifier_metadata"], "instruction_id_list": ["count:counting_composition"], "kwargs": [{}]}})
-    assert unknown.status_code == 400 and "count:counting_composition" in unknown.text
+            **moved[0]["verifier_metadata"], "instruction_id_list": ["count:no_such_check"], "kwargs": [{}]}})
+    assert unknown.status_code == 400 and "count:no_such_check" in unknown.text
     recorded = [(r["follow_instruction_list"], r["reward"]) for r in rollouts] * 2
     ours = [(reply["follow_instruction_list"], reply["reward"]) for reply in replies]
     assert ours == recorded

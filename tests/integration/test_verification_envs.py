@@ -226,6 +226,21 @@ def test_ifeval_nemo_gym_verifier_metadata_rows(ifeval):
     assert ifeval.post("/verify", json={**verify_body("x"), "verifier_metadata": "nope"}).status_code in (400, 422)
 
 
+def test_ifeval_open_instruct_and_ifbench_ids(ifeval):
+    """open-instruct and IFBench ids in a NeMo-Gym row: the NLTK-tokenizing ones run in the worker
+    pool; bad kwargs and the one unsupported id are 400s naming them."""
+    meta = {"instruction_id_list": ["keywords:start_end", "count:pronouns", "copy:repeat_phrase", "format:emoji"],
+            "kwargs": [None, {"N": 2}, {"phrase": "Time flies when having fun", "small_n": 1}, {}], "prompt": "p"}
+    text = "Time goes when having fun, I think, and you agree: time"
+    reply = ifeval.post("/verify", json={**verify_body(text), "verifier_metadata": meta}).json()
+    assert reply["follow_instruction_list"] == [True, True, True, False] and reply["reward"] == 0.75
+    bad = {**meta, "kwargs": [None, {"N": "many"}, meta["kwargs"][2], {}]}
+    assert_bad_request(ifeval.post("/verify", json={**verify_body(text), "verifier_metadata": bad}),
+                       "count:pronouns", "'N'")
+    assert_bad_request(ifeval.post("/verify", json=verify_body(text, instruction_id_list=["words:start_verb"],
+                                                               kwargs=[{}])), "words:start_verb", "not supported")
+
+
 def test_ifeval_batch_items_fail_alone_and_aggregate(ifeval):
     good = verify_body("fine", instruction_id_list=["punctuation:no_comma"], kwargs=[{}])
     bad = verify_body("fine", instruction_id_list=["made:up"], kwargs=[{}])

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.resources.instruction_following.checks import (REGISTRY, InstructionError, check_row, count_sentences,
-                                                             count_words, loose_variants, parse_row)
+from services.resources.instruction_following.checks import (IFEVAL_IDS, REGISTRY, InstructionError, check_row,
+                                                             count_sentences, count_words, loose_variants, parse_row)
 
 
 def follows(iid: str, text: str, loose: bool = False, **kwargs) -> bool:
@@ -52,13 +52,6 @@ CASES = [
     ("punctuation:no_comma", {}, "No commas here.", "One, two."),
     ("language:response_language", {"language": "de"}, "Das ist ein kurzer Satz auf Deutsch über das Wetter heute.",
      "This is a short sentence in English about the weather today."),
-    # open-instruct ids (NeMo-Gym's verifiable-instructions semantics)
-    ("last_word:last_word_answer", {"last_word": "Contest"}, "We won the contest!", "The contest we won."),
-    ("first_word:first_word_sent", {"first_word": "crash"}, "Crash here. crash there! CRASH now? ", "Crash. CRASH?"),
-    ("count:lowercase_counting", {"N": 3}, "ALL CAPS and lower words", "one two three four"),
-    ("letters:letter_counting", {"N": 5, "relation": "less than"}, "abcd 123", "abcde"),
-    ("letters:letter_counting", {"N": 5, "relation": "at least"}, "abcde", "ab 12 !"),
-    ("paragraphs:paragraphs", {}, "*** First part.\n***\nSecond part. ***", "One.\n***\n\n***\nTwo."),
 ]
 
 
@@ -68,9 +61,9 @@ def test_each_instruction_passes_and_fails(iid, kwargs, good, bad):
     assert follows(iid, bad, **kwargs) is False
 
 
-def test_at_least_fifteen_types_are_covered_by_tests():
+def test_every_ifeval_type_is_covered_by_tests():
     tested = {c[0] for c in CASES}
-    assert len(REGISTRY) >= 15 and tested == set(REGISTRY)
+    assert len(IFEVAL_IDS) == 26 and tested == IFEVAL_IDS and IFEVAL_IDS <= set(REGISTRY)
 
 
 def test_counting_helpers():
@@ -92,17 +85,6 @@ def test_loose_accepts_what_strict_rejects():
     # asterisks removed: "*Title*" highlight would not matter, but a comma check stays strict
     assert follows("punctuation:no_comma", "Intro, hi\nbody", loose=True) is True
     assert follows("punctuation:no_comma", "a, b", loose=True) is False
-
-
-def test_open_instruct_edge_cases_as_nemo_gym_judges_them():
-    assert not follows("last_word:last_word_answer", "", last_word="x")  # no last word
-    assert follows("last_word:last_word_answer", "the end: (x).", last_word="x")  # punctuation stripped
-    assert not follows("first_word:first_word_sent", "", first_word="x")  # an empty response follows nothing
-    assert not follows("paragraphs:paragraphs", "One paragraph only.")
-    with pytest.raises(InstructionError, match="'N'"):
-        parse_row(["count:lowercase_counting"], [{"N": 0}])
-    with pytest.raises(InstructionError, match="relation"):
-        parse_row(["letters:letter_counting"], [{"N": 2, "relation": "about"}])
 
 
 def test_empty_response_follows_nothing():
@@ -151,7 +133,7 @@ ADVERSARIAL = [" " * 200_000, "\n" * 200_000, "." * 200_000, "[" * 200_000, "<<"
 def test_every_regex_check_is_linear_on_adversarial_text(text):
     """A quadratic check would take minutes on 200k characters; all of them together take well under a second."""
     slow = {"language:response_language", "change_case:english_capital", "change_case:english_lowercase"}
-    ids = sorted(set(REGISTRY) - slow)
+    ids = sorted(IFEVAL_IDS - slow)
     kwargs = {c[0]: c[1] for c in CASES}
     pairs = parse_row(ids, [kwargs[i] for i in ids])
     check_row(text, pairs, loose=True)

@@ -4,7 +4,8 @@ Row fields (IFEval's): `instruction_id_list` and a parallel `kwargs` list, top-l
 NeMo-Gym's `verifier_metadata` (nemo_format.py). The reply adds
 `instruction_results: [{id, passed}]` plus NeMo-Gym's `follow_all_instructions` and
 `follow_instruction_list`. Short responses with regex-only checks run inline; language
-detection and long responses run in the worker pool under its deadline.
+detection, NLTK tokenizing and long responses run in the worker pool under its deadline. The
+instruction ids are IFEval's, open-instruct's and IFBench's (checks.py REGISTRY).
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from services.core.resource import Environment, ResourceConfig, Session, create_
 from services.core.schemas import VerifyReply, VerifyRequest
 
 from . import nemo_format
-from .checks import InstructionError, check_row, detect_language, needs_slow_path, parse_row
+from .checks import InstructionError, check_row, needs_slow_path, parse_row
+from .text import detect_language, nltk_words
 
 
 class Config(ResourceConfig):
@@ -36,8 +38,13 @@ class Config(ResourceConfig):
 
 
 def warm_worker() -> None:
-    """Load langdetect's language profiles once per worker, not on the first request."""
+    """Load langdetect's language profiles, NLTK's tokenizer and syllapy's dictionary once per
+    worker, not on the first request."""
+    import syllapy
+
     detect_language("warm up the language profiles")
+    nltk_words("Warm up the tokenizer.")
+    syllapy.count("warm")
 
 
 class InstructionFollowingRequest(VerifyRequest):

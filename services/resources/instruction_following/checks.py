@@ -1,10 +1,11 @@
-"""IFEval verifiable instructions (pure functions, no I/O).
+"""IFEval's verifiable instructions, and the registry of every instruction id (pure functions, no I/O).
 
 Rows use IFEval's format: `instruction_id_list` (e.g. `keywords:existence`) and a
 parallel `kwargs` list of dicts. Each check follows the semantics of Google's IFEval
 checker; `None` kwargs are dropped as IFEval does. Where IFEval needs NLTK data that a
 server cannot download (punkt sentence splitting, `word_tokenize`) a regex equivalent
-is used; language detection uses `langdetect` like IFEval.
+is used (text.py); language detection uses `langdetect` like IFEval. The open-instruct
+(open_instruct.py) and IFBench (ifbench_*.py) ids live in modules of their own.
 
 Loose checking is IFEval's: an instruction passes if it passes on any of the response,
 the response without its first line, without its last line, without both, and each of
@@ -15,139 +16,21 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-RELATIONS = ("less than", "at least")
+from . import ifbench_count, ifbench_custom, ifbench_format, ifbench_words, open_instruct
+from .args import Check, InstructionError, Spec
+from .args import compare as _compare
+from .args import integer as _int
+from .args import relation as _relation
+from .args import string as _str
+from .args import strings as _strs
+from .text import count_sentences, count_words, detect_language, nltk_words
+
+__all__ = ["REGISTRY", "UNSUPPORTED", "InstructionError", "check_row", "count_sentences", "count_words",
+           "loose_variants", "parse_row"]
+
 CONSTRAINED_RESPONSES = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
-
-
-class InstructionError(ValueError):
-    """An unknown instruction id or bad kwargs; the message names the instruction and the argument."""
-
-
-# --------------------------------------------------------------------------- #
-# Text helpers
-# --------------------------------------------------------------------------- #
-_WORD = re.compile(r"\w+")
-_ABBREVIATIONS = {
-    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "inc", "ltd", "co", "corp", "e.g", "i.e",
-    "mt", "no", "fig", "approx", "dept", "est", "gen", "gov", "jan", "feb", "mar", "apr", "jun", "jul", "aug",
-    "sep", "sept", "oct", "nov", "dec", "u.s", "a.m", "p.m",
-}
-# Linear-time regexes throughout: a run of dots, spaces or brackets must not make a check
-# quadratic (responses can be a megabyte). Lookbehinds pin each match to the start of a run.
-_SENTENCE_END = re.compile(r"(?<![.!?])[.!?]+[\"')\]]*(?=\s|$)")
-_NEXT_CHAR = re.compile(r"\s*(\S)")
-
-
-def count_words(text: str) -> int:
-    """IFEval counts `\\w+` tokens (NLTK's RegexpTokenizer(r"\\w+"))."""
-    return len(_WORD.findall(text))
-
-
-def split_sentences(text: str) -> list[str]:
-    """Sentences ending in . ! ? followed by whitespace, skipping abbreviations, initials and decimals.
-
-    A regex stand-in for NLTK punkt (which IFEval uses and which needs downloaded data).
-    """
-    sentences: list[str] = []
-    start = 0
-    for match in _SENTENCE_END.finditer(text):
-        end = match.end()
-        if match.group(0).startswith(".") and len(match.group(0).rstrip("\"')]")) == 1:
-            before = text[max(start, match.start() - 32):match.start()].split()  # abbreviations are short
-            last = before[-1].lower().lstrip("(\"'") if before else ""
-            if last in _ABBREVIATIONS or (len(last) == 1 and last.isalpha()) or re.fullmatch(r"(?:[a-z]\.)+[a-z]", last):
-                continue
-            nxt = _NEXT_CHAR.match(text, end)
-            following = nxt.group(1) if nxt else ""
-            if following.islower():
-                continue
-        piece = text[start:end].strip()
-        if piece:
-            sentences.append(piece)
-        start = end
-    tail = text[start:].strip()
-    if tail:
-        sentences.append(tail)
-    return sentences
-
-
-def count_sentences(text: str) -> int:
-    return len(split_sentences(text))
-
-
-_TOKEN = re.compile(r"\w+(?:[-'’]\w+)*|[^\w\s]")
-
-
-def word_tokens(text: str) -> list[str]:
-    """Words (hyphenated words count as one) and punctuation, like NLTK's word_tokenize for casing checks."""
-    return _TOKEN.findall(text)
-
-
-def detect_language(text: str) -> str | None:
-    """ISO 639-1 code via langdetect (deterministic seed); None when undetectable."""
-    from langdetect import DetectorFactory, LangDetectException, detect
-
-    DetectorFactory.seed = 0
-    try:
-        return detect(text)
-    except LangDetectException:
-        return None
-
-
-# --------------------------------------------------------------------------- #
-# Argument helpers
-# --------------------------------------------------------------------------- #
-def _int(iid: str, kwargs: dict[str, Any], name: str, minimum: int = 0) -> int:
-    value = kwargs.get(name)
-    if value is None:
-        raise InstructionError(f"{iid}: missing kwarg {name!r}")
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise InstructionError(f"{iid}: kwarg {name!r} must be an integer, got {type(value).__name__}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise InstructionError(f"{iid}: kwarg {name!r} must be an integer, got {value!r}") from None
-    if isinstance(value, float) and number != value:
-        raise InstructionError(f"{iid}: kwarg {name!r} must be an integer, got {value!r}")
-    if number < minimum:
-        raise InstructionError(f"{iid}: kwarg {name!r} must be >= {minimum}, got {number}")
-    return number
-
-
-def _str(iid: str, kwargs: dict[str, Any], name: str) -> str:
-    value = kwargs.get(name)
-    if not isinstance(value, str) or not value.strip():
-        raise InstructionError(f"{iid}: kwarg {name!r} must be a non-empty string")
-    return value
-
-
-def _strs(iid: str, kwargs: dict[str, Any], name: str) -> list[str]:
-    value = kwargs.get(name)
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
-        raise InstructionError(f"{iid}: kwarg {name!r} must be a non-empty list of strings")
-    return value
-
-
-def _relation(iid: str, kwargs: dict[str, Any], name: str) -> str:
-    value = kwargs.get(name)
-    if value not in RELATIONS:
-        raise InstructionError(f"{iid}: kwarg {name!r} must be one of {list(RELATIONS)}, got {value!r}")
-    return value
-
-
-def _compare(count: int, relation: str, threshold: int) -> bool:
-    return count < threshold if relation == "less than" else count >= threshold
-
-
-# --------------------------------------------------------------------------- #
-# Checks: each `build(iid, kwargs) -> (text -> bool)` validates kwargs up front
-# --------------------------------------------------------------------------- #
-Check = Callable[[str], bool]
 
 
 def _keywords_existence(iid: str, kw: dict[str, Any]) -> Check:
@@ -355,7 +238,7 @@ def _start_checker(iid: str, kw: dict[str, Any]) -> Check:
 
 def _capital_word_frequency(iid: str, kw: dict[str, Any]) -> Check:
     n, relation = _int(iid, kw, "capital_frequency"), _relation(iid, kw, "capital_relation")
-    return lambda t: _compare(sum(1 for w in word_tokens(t) if w.isupper()), relation, n)
+    return lambda t: _compare(sum(1 for w in nltk_words(t) if w.isupper()), relation, n)
 
 
 def _english_capital(iid: str, kw: dict[str, Any]) -> Check:
@@ -375,87 +258,6 @@ def _quotation(iid: str, kw: dict[str, Any]) -> Check:
         value = t.strip()
         return len(value) > 1 and value[0] == '"' and value[-1] == '"'
     return check
-
-
-# --------------------------------------------------------------------------- #
-# open-instruct ids NeMo-Gym's example rows use (its `verifiable-instructions` semantics)
-# --------------------------------------------------------------------------- #
-_OI_STARTERS = (r"(Mr|Mrs|Ms|Dr|Prof|Capt|Cpt|Lt|He\s|She\s|It\s|They\s|Their\s|Our\s|We\s|But\s|However\s|"
-                r"That\s|This\s|Wherever)")
-_OI_SENTENCE_STEPS = [
-    (re.compile(r"(Mr|St|Mrs|Ms|Dr)[.]"), "\\1<prd>"),
-    (re.compile(r"[.](com|net|org|io|gov|edu|me)"), "<prd>\\1"),
-    (re.compile(r"([0-9])[.]([0-9])"), "\\1<prd>\\2"),
-]
-_OI_LATER_STEPS = [
-    (re.compile(r"\s([A-Za-z])[.] "), " \\1<prd> "),
-    (re.compile(r"([A-Z][.][A-Z][.](?:[A-Z][.])?) " + _OI_STARTERS), "\\1<stop> \\2"),
-    (re.compile(r"([A-Za-z])[.]([A-Za-z])[.]([A-Za-z])[.]"), "\\1<prd>\\2<prd>\\3<prd>"),
-    (re.compile(r"([A-Za-z])[.]([A-Za-z])[.]"), "\\1<prd>\\2<prd>"),
-    (re.compile(r" (Inc|Ltd|Jr|Sr|Co)[.] " + _OI_STARTERS), " \\1<stop> \\2"),
-    (re.compile(r" (Inc|Ltd|Jr|Sr|Co)[.]"), " \\1<prd>"),
-    (re.compile(r" ([A-Za-z])[.]"), " \\1<prd>"),
-]
-_OI_DOTS = re.compile(r"\.{2,}")
-_OI_LOWER_WORD = re.compile(r"\b[a-z]+\b")
-_OI_LETTER = re.compile(r"[a-zA-Z]")
-_OI_DIVIDER = re.compile(r"\s?\*\*\*\s?")
-_OI_PUNCTUATION = re.compile(r"[^\w\s]")
-
-
-def split_sentences_ifeval_regex(text: str) -> list[str]:
-    """IFEval's regex sentence splitter (its `split_into_sentences`), which open-instruct's
-    first-word check uses: kept as is, so verdicts match NeMo-Gym's."""
-    text = (" " + text + "  ").replace("\n", " ")
-    for pattern, replacement in _OI_SENTENCE_STEPS:
-        text = pattern.sub(replacement, text)
-    text = _OI_DOTS.sub(lambda m: "<prd>" * len(m.group(0)) + "<stop>", text)
-    text = text.replace("Ph.D.", "Ph<prd>D<prd>")
-    for pattern, replacement in _OI_LATER_STEPS:
-        text = pattern.sub(replacement, text)
-    text = text.replace(".\u201d", "\u201d.").replace('."', '".').replace('!"', '"!').replace('?"', '"?')
-    text = text.replace(".", ".<stop>").replace("?", "?<stop>").replace("!", "!<stop>").replace("<prd>", ".")
-    sentences = [piece.strip() for piece in text.split("<stop>")]
-    return sentences[:-1] if sentences and not sentences[-1] else sentences
-
-
-def _last_word_answer(iid: str, kw: dict[str, Any]) -> Check:
-    word = _str(iid, kw, "last_word").strip().lower()
-    return lambda t: bool(t.split()) and _OI_PUNCTUATION.sub("", t.split()[-1]).lower() == word
-
-
-def _first_word_sent(iid: str, kw: dict[str, Any]) -> Check:
-    word = _str(iid, kw, "first_word").strip().lower()
-
-    def check(t: str) -> bool:
-        return all(s.strip() and s.split()[0].lower() == word for s in split_sentences_ifeval_regex(t))
-    return check
-
-
-def _lowercase_counting(iid: str, kw: dict[str, Any]) -> Check:
-    n = _int(iid, kw, "N", minimum=1)  # open-instruct counts every lowercase word, repeated or not
-    return lambda t: len(_OI_LOWER_WORD.findall(t)) <= n
-
-
-def _letter_counting(iid: str, kw: dict[str, Any]) -> Check:
-    n, relation = _int(iid, kw, "N", minimum=1), _relation(iid, kw, "relation")
-    return lambda t: _compare(len(_OI_LETTER.findall(t)), relation, n)
-
-
-def _two_paragraphs(iid: str, kw: dict[str, Any]) -> Check:
-    def check(t: str) -> bool:
-        paragraphs = _OI_DIVIDER.split(t)
-        inner = paragraphs[1:-1]
-        if any(not p.strip() for p in inner):
-            return False
-        return len(paragraphs) - sum(1 for p in {0, len(paragraphs) - 1} if not paragraphs[p].strip()) == 2
-    return check
-
-
-@dataclass(frozen=True)
-class Spec:
-    build: Callable[[str, dict[str, Any]], Check]
-    slow: bool = False  # needs language detection: run in the worker pool
 
 
 REGISTRY: dict[str, Spec] = {
@@ -481,16 +283,18 @@ REGISTRY: dict[str, Spec] = {
     "startend:end_checker": Spec(_end_checker),
     "startend:start_checker": Spec(_start_checker),
     "startend:quotation": Spec(_quotation),
-    "change_case:capital_word_frequency": Spec(_capital_word_frequency),
+    "change_case:capital_word_frequency": Spec(_capital_word_frequency, slow=True),
     "change_case:english_capital": Spec(_english_capital, slow=True),
     "change_case:english_lowercase": Spec(_english_lowercase, slow=True),
     "punctuation:no_comma": Spec(_no_comma),
-    "last_word:last_word_answer": Spec(_last_word_answer),
-    "first_word:first_word_sent": Spec(_first_word_sent),
-    "count:lowercase_counting": Spec(_lowercase_counting),
-    "letters:letter_counting": Spec(_letter_counting),
-    "paragraphs:paragraphs": Spec(_two_paragraphs),
 }
+IFEVAL_IDS = frozenset(REGISTRY)
+REGISTRY.update(open_instruct.REGISTRY)
+REGISTRY["letters:letter_counting2"] = REGISTRY["keywords:letter_frequency"]  # open-instruct's alias
+for _family in (ifbench_count, ifbench_words, ifbench_format, ifbench_custom):
+    REGISTRY.update(_family.REGISTRY)
+# ids of the reference registries that need what a server here cannot have; a row with one is a 400
+UNSUPPORTED: dict[str, str] = dict(ifbench_words.UNSUPPORTED)
 
 
 # --------------------------------------------------------------------------- #
@@ -507,6 +311,9 @@ def parse_row(instruction_ids: Any, kwargs_list: Any) -> list[tuple[str, dict[st
                                "one per entry of instruction_id_list")
     pairs = []
     for iid, kwargs in zip(instruction_ids, kwargs_list):
+        if isinstance(iid, str) and iid in UNSUPPORTED:
+            raise InstructionError(f"instruction_id_list: instruction id {iid!r} is not supported here: "
+                                   f"{UNSUPPORTED[iid]}")
         if not isinstance(iid, str) or iid not in REGISTRY:
             raise InstructionError(f"instruction_id_list: unknown instruction id {iid!r}; "
                                    f"supported: {', '.join(sorted(REGISTRY))}")

@@ -20,6 +20,9 @@ class NeMoGym:
         self.venv = venv
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("GYMSERVE_", "VIRTUAL_ENV"))}
         self.env["PYTHONUNBUFFERED"] = "1"
+        # where NeMo-Gym starts Ray (`gym eval reverify`): on loopback, and without writing a Ray auth token
+        # into ~/.ray, which would switch token auth on for every later Ray cluster of this user
+        self.env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled")
 
     def run(self, command: str, *args: str, cwd: Path, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(self.venv / "bin" / command), *args], cwd=cwd, env=self.env, text=True,

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gymserve.testing import ServerProcess
+from tests.compat.compat_page import compared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first compat test may install NeMo-Gym
 
@@ -39,4 +40,5 @@ def test_verdicts_equal_nemo_gyms_recorded_ones_on_its_rows(nemo):
     recorded = [(r["follow_instruction_list"], r["reward"]) for r in rollouts] * 2
     ours = [(reply["follow_instruction_list"], reply["reward"]) for reply in replies]
     assert ours == recorded
+    compared("instruction_following", sum(len(r["follow_instruction_list"]) for r in rollouts))
     assert {True, False} <= {v for verdicts, _ in ours for v in verdicts} and {0.0, 1.0} <= {r for _, r in ours}

@@ -15,6 +15,7 @@ import reasoning_gym
 
 from gymserve.testing import ServerProcess
 from tests.compat.nemo_gym import text_response
+from tests.compat.compat_page import compared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first compat test may install NeMo-Gym
 
@@ -81,3 +82,4 @@ def test_rewards_equal_nemo_gyms_on_its_rows_generated_rows_and_recorded_respons
     # (`\boxed{\dfrac{1}{2}}` gives `\dfrac{1`); gymserve reads the balanced box, the whole answer
     assert differ and all(_nested_box(text) for _, _, text, _, _ in differ), differ[:10]
     assert 0 < sum(theirs) < len(theirs)  # right and wrong answers both seen
+    compared("reasoning_gym", len(bodies))

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gymserve.testing import ServerProcess
+from tests.compat.compat_page import compared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first compat test may install NeMo-Gym
 
@@ -130,6 +131,7 @@ def test_rewards_equal_nemo_gyms_on_its_rows(nemo, workdir):
     assert all(ours[i * per_row] == 1.0 and ours[i * per_row + 1] == 0.0 for i in range(len(rows)))
     assert 0 < sum(ours) < len(ours)
     assert len(replayed) == 25
+    compared("workplace_assistant", len(bodies))
 
 TOOL_CALLS: list[tuple[str, dict]] = [
     ("company_directory_find_email_address", {"name": "Carlos"}),
@@ -204,3 +206,4 @@ def test_tool_results_equal_nemo_gyms(nemo, workdir):
                 for name, args in TOOL_CALLS]
     differ = [(TOOL_CALLS[i], ours[i], theirs[i]) for i in range(len(ours)) if ours[i] != theirs[i]]
     assert not differ, f"{len(differ)} of {len(ours)} results differ: {differ[:3]}"
+    compared("workplace_assistant_tools", len(ours))

@@ -160,3 +160,23 @@ def test_rows_the_agents_model_rejects_are_invalid_naming_the_field(tmp_path):
                                datasets=[DatasetSpec(str(src), agent="math_simple_agent", env="math")]))
     assert f"{src}:1: responses_create_params.temperature:" in str(info.value)
     assert f"{src}:2" not in str(info.value)
+
+
+@pytest.mark.parametrize("env,fields,says", [
+    ("code", {"tests": "print(1)"}, "tests: Input should be a valid list"),
+    ("code", {"tests": [{"input": "1", "output": "1"}], "reward_mode": "half"}, "reward_mode: Input should be"),
+    ("mcqa", {"expected_answer": "B", "options": "A or B"}, "options"),
+])
+def test_typed_task_fields_are_checked_with_the_servers_own_request_model(env, fields, says):
+    from services.core.loader import load_server
+    from trainer.env_fields import PLACEHOLDER_RESPONSE, request_model, row_problems
+
+    row = {"responses_create_params": {"input": [{"role": "user", "content": "q"}]},
+           "agent_ref": {"name": f"{env}_simple_agent"}, **fields}
+    problems = row_problems(row, env)
+    assert any(says in p and f"environment {env}" in p for p in problems), problems
+    # the very model the server parses /verify with: it rejects the same row
+    model = request_model(env)
+    assert model is not None and model.__module__ == load_server(f"resources/{env}").__name__
+    with pytest.raises(ValueError):
+        model.model_validate({**row, "response": PLACEHOLDER_RESPONSE})

@@ -17,7 +17,7 @@ lint: install
 	$(PY) -m mypy
 
 test: install lint docs
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=40 $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/): --strict makes a broken link or a missing page fail.
 docs: install

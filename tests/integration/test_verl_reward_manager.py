@@ -37,7 +37,11 @@ def verl():
 @pytest.fixture(scope="module")
 def stack():
     with small_stack([("resources/exact_match", "exact_match", []),
-                      ("resources/math_multi_reward", "math_multi_reward", [])]) as (head, procs):
+                      ("resources/math_multi_reward", "math_multi_reward", []),
+                      # a judged environment whose judge never gives a verdict: every sample is masked
+                      ("models/stub", "mute_judge", ["text=I cannot decide."]),
+                      ("resources/equivalence_llm_judge", "equivalence_llm_judge",
+                       ["judge_model_server=mute_judge"])]) as (head, procs):
         yield head, procs
 
 
@@ -90,3 +94,17 @@ def test_unverifiable_sample_fails_verls_reward_step(verl, stack, tokenizer, mon
         monkeypatch.setenv("GYMSERVE_VERL_ON_FAILURE", policy)
         with pytest.raises(Exception, match="expected_answer"):
             _score(verl, "naive", tokenizer, "exact_match", "Paris", {"no_expected_answer": 1})
+
+
+def test_a_masked_sample_reaches_verl_as_zero_with_its_mask_or_fails_the_step(verl, stack, tokenizer, monkeypatch):
+    """A sample the environment could not judge (its judge's reply holds no verdict: masked) through verl's own
+    naive reward manager: with GYMSERVE_VERL_ON_FAILURE=zero, score 0.0 and `mask_sample` 1 in verl's
+    reward_extra_info (verl has no per-sample mask; a user filters on it); by default the step raises."""
+    head, _ = stack
+    monkeypatch.setenv("GYMSERVE_HEAD_URL", head.url)
+    monkeypatch.setenv("GYMSERVE_VERL_ON_FAILURE", "zero")
+    result = _score(verl, "naive", tokenizer, "equivalence_llm_judge", "Paris", "Paris")
+    assert result["reward_score"] == 0.0 and result["reward_extra_info"]["mask_sample"] == 1, result
+    monkeypatch.setenv("GYMSERVE_VERL_ON_FAILURE", "raise")
+    with pytest.raises(Exception, match="verification failed"):
+        _score(verl, "naive", tokenizer, "equivalence_llm_judge", "Paris", "Paris")

@@ -34,13 +34,16 @@ def rows() -> list[dict[str, str]]:
                             "scores 0 with a logged, counted warning (`on_failure: count`)",
          "a user adds": "`register(name)` before `create_env`; gymserve on `PYTHONPATH`",
          "proven by": "`tests/integration/test_nemo_rl_adapter.py`"},
-        {"framework": "verl", "version tested": "verl 0.9.1 (`--no-deps`, reward loop)",
+        {"framework": "verl", "version tested": "verl 0.9.1 (`--no-deps`, reward and agent loops)",
          "what works": "`compute_score` loaded by `get_custom_reward_fn`, scored by the `naive` and `gdpo` reward "
-                       "managers (components in `reward_extra_info`); not its agent loop",
+                       "managers (components in `reward_extra_info`); the agent-loop slot (`gymserve_agent`, built "
+                       "as verl's worker builds a loop): a tool-calling trajectory's token ids, response mask, "
+                       "logprobs and reward; not verl's `AgentLoopWorker` itself (a Ray actor over vLLM/SGLang)",
          "masked failures": "no per-sample mask: the reward step raises (default), or 0 with `mask_sample` 1 "
                             "(`GYMSERVE_VERL_ON_FAILURE=zero`)",
-         "a user adds": "`reward.custom_reward_function.path: pkg://trainer.adapters.verl`; gymserve on `PYTHONPATH`",
-         "proven by": "`tests/integration/test_verl_reward_manager.py`"},
+         "a user adds": "`reward.custom_reward_function.path: pkg://trainer.adapters.verl`, or rows with "
+                        "`agent_name: gymserve_agent` and `extra_info.gym_row`; gymserve on `PYTHONPATH`",
+         "proven by": "`tests/integration/test_verl_reward_manager.py`, `tests/integration/test_verl_agent_loop.py`"},
         {"framework": "OpenRLHF", "version tested": "openrlhf 0.11.2 (`--no-deps`, client and samples generator)",
          "what works": "its remote reward client with our reward file (`--remote_rm_url .../openrlhf_reward.py`) "
                        "on a keyed head's `/get_reward` (the plain URL gets 401: no key); the reply becomes an "

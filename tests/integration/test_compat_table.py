@@ -18,5 +18,5 @@ def test_compat_table_is_current():
 
 def test_every_row_names_an_existing_test():
     for row in compat_table.rows():
-        path = row["proven by"].strip("`")
-        assert (ROOT / path).is_file(), f"{row['framework']}: {path} does not exist"
+        for path in row["proven by"].split(", "):
+            assert (ROOT / path.strip("`")).is_file(), f"{row['framework']}: {path} does not exist"

@@ -18,6 +18,7 @@ import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import Field, ValidationError, field_validator
+from starlette.routing import Route
 
 from services.core.app import create_app, read_json
 from services.core.auth import api_key, trust
@@ -270,6 +271,16 @@ def build(config: Config) -> FastAPI:
                               body_required=False, reply={"description": "the server's own reply"},
                               errors=(404, 422, 502, 504, 508), passes_4xx=True,
                               summary="Reverse proxy to a registered server"))
+
+    # The routes above document the proxy; this plain Starlette route, tried first, serves it: every
+    # proxied request skips FastAPI's request handling (dependency resolution, the route scan), a
+    # third of the head's CPU per request, which on a machine whose cores the servers behind it keep
+    # busy is throughput taken from them.
+    async def fast_proxy(request: Request) -> Response:
+        return await proxy.handle(request, request.path_params["name"], request.path_params["path"])
+
+    app.router.routes.insert(0, Route("/servers/{name}/{path:path}", fast_proxy, include_in_schema=False,
+                                      methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]))
 
     async def resolve_url(name: str) -> str:
         inst = registry.get(name)

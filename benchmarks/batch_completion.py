@@ -8,8 +8,8 @@ Per environment (or `blend`: half math, a quarter each code and instruction_foll
 generation) go through the trainer client (`RolloutClient.run_many`, as the TRL rollout
 function sends a batch) to `agents/simple_agent` over the stub policy (it answers each row's
 scripted response instantly). Prints the time until the last rollout is done, and the ideal:
-the CPU seconds every process of the stack (resource servers, their workers and sandboxed
-programs, agents, stub model) spent on the batch, divided by the cores. `last / ideal` near 1 means no
+the CPU seconds every process (resource servers, their workers and sandboxed programs, agents,
+stub model, and the client itself, which shares the cores) spent on the batch, divided by the cores. `last / ideal` near 1 means no
 rollout was left waiting while a core idled; on a shared machine other tenants' load shows as
 a larger ratio (the load average is printed).
 """
@@ -79,15 +79,17 @@ async def batches(client: RolloutClient, servers: list[ServerProcess], envs: lis
         await client.run_many(grpo_batch("blend", 8, 4))  # warm-up: imports, caches, connections
         for env in envs:
             rows = grpo_batch(env, args.prompts, args.generations)
-            before = stack_cpu(servers)
+            before, client_before = stack_cpu(servers), time.process_time()
             start = time.perf_counter()
             records = await client.run_many(rows)
             wall = time.perf_counter() - start
-            work = stack_cpu(servers) - before
+            served, sent = stack_cpu(servers) - before, time.process_time() - client_before
+            work = served + sent  # the client (this process) shares the cores with the stack
             failed = sum(is_failure(r) for r in records)
             kinds = collections.Counter(str(r.get("failure_kind")) for r in records if is_failure(r))
             ideal = work / cores
-            print(f"{env:<22} last rollout {wall:6.2f} s  ideal {ideal:6.2f} s ({work:.2f} cpu-s / {cores} cores)  "
+            print(f"{env:<22} last rollout {wall:6.2f} s  ideal {ideal:6.2f} s ({served:.2f} stack + {sent:.2f} client "
+                  f"cpu-s / {cores} cores)  "
                   f"last/ideal {wall / ideal:4.2f}  failed {failed}/{len(records)} {dict(kinds) or ''}  "
                   f"load average {os.getloadavg()[0]:.1f}", flush=True)
 

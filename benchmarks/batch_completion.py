@@ -9,9 +9,9 @@ generation) go through the trainer client (`RolloutClient.run_many`, as the TRL 
 function sends a batch) to `agents/simple_agent` over the stub policy (it answers each row's
 scripted response instantly). Prints the time until the last rollout is done, and the ideal:
 the CPU seconds every process (resource servers, their workers and sandboxed programs, agents,
-stub model, and the client itself, which shares the cores) spent on the batch, divided by the cores. `last / ideal` near 1 means no
-rollout was left waiting while a core idled; on a shared machine other tenants' load shows as
-a larger ratio (the load average is printed).
+stub model, and the client itself, which shares the cores) spent on the batch, divided by the
+cores. `last / ideal` near 1 means no rollout was left waiting while a core idled; on a shared
+machine other tenants' load shows as a larger ratio (the load average is printed).
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import pytest
 from gymserve.testing import ServerProcess
 from tests.compat.nemo_gym import text_response
 from tests.compat.test_math_differential import _generated
+from tests.contract.servers import start_all, stop_all
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -25,7 +26,6 @@ from nemo_gym.server_utils import BaseServerConfig, ServerClient
 from resources_servers.math_with_judge.app import (LibraryJudgeMathResourcesServer,
     LibraryJudgeMathResourcesServerConfig, LibraryJudgeMathVerifyRequest)
 os.environ["NEMO_GYM_MODEL_SERVER_NAME"] = "judge"
-os.environ["NEMO_GYM_MODEL_SERVER_BASE_URL"] = data["judge_url"]
 config = LibraryJudgeMathResourcesServerConfig(host="127.0.0.1", port=1, entrypoint="app.py", name="math",
     judge_model_server={"type": "responses_api_models", "name": "judge"}, should_use_judge=True,
     judge_responses_create_params={"input": []})
@@ -34,8 +34,12 @@ client = ServerClient(head_server_config=BaseServerConfig(host="127.0.0.1", port
 server = LibraryJudgeMathResourcesServer.model_construct(config=config, server_client=client)
 server._library_verifier_semaphore = asyncio.Semaphore(2)
 async def main():
-    replies = [await server.verify(LibraryJudgeMathVerifyRequest.model_validate(body)) for body in data["bodies"]]
-    return [[r.reward, r.judge_evaluations is not None] for r in replies]
+    out = []
+    for url in data["judge_urls"]:  # read at every call: one judge after the other
+        os.environ["NEMO_GYM_MODEL_SERVER_BASE_URL"] = url
+        replies = [await server.verify(LibraryJudgeMathVerifyRequest.model_validate(body)) for body in data["bodies"]]
+        out.append([[r.reward, r.judge_evaluations is not None] for r in replies])
+    return out
 print(json.dumps(asyncio.run(main())))
 """
 
@@ -54,14 +58,25 @@ def _bodies(nemo) -> list[dict]:
             recorded + [text_response(text) for text, boxed in _generated(row["expected_answer"]) if boxed]]
 
 
-@pytest.mark.parametrize("reply,readable", JUDGES, ids=["equal", "not-equal", "no-label", "both-labels"])
-def test_judged_rewards_equal_nemo_gyms(nemo, workdir, reply, readable):
+def test_judged_rewards_equal_nemo_gyms(nemo, workdir):
     bodies = _bodies(nemo)
-    with ServerProcess("models/stub", f"text={json.dumps(reply)}", name="judge", env={"GYMSERVE_NO_AUTH": "1"}) as judge:
-        theirs = nemo.python_json(NEMO_VERIFY, {"judge_url": judge.url, "bodies": bodies}, workdir)
-        with ServerProcess("resources/math", "should_use_judge=true", f"judge_model_server={judge.url}",
-                           "math_verify_timeout_s=30", "verify_deadline_s=90") as math:
-            ours = [math.post("/verify", body).json() for body in bodies]
+    judges = [ServerProcess("models/stub", f"text={json.dumps(reply)}", name=f"judge-{i}", env={"GYMSERVE_NO_AUTH": "1"})
+              for i, (reply, _) in enumerate(JUDGES)]
+    maths = [ServerProcess("resources/math", "should_use_judge=true", f"judge_model_server={judge.url}",
+                           "math_verify_timeout_s=30", "verify_deadline_s=90", name=f"math-{i}")
+             for i, judge in enumerate(judges)]
+    start_all(judges + maths)
+    try:
+        theirs_by_judge = nemo.python_json(NEMO_VERIFY, {"judge_urls": [j.url for j in judges], "bodies": bodies},
+                                           workdir)
+        ours_by_judge = [[math.post("/verify", body).json() for body in bodies] for math in maths]
+    finally:
+        stop_all(judges + maths)
+    for (_, readable), theirs, ours in zip(JUDGES, theirs_by_judge, ours_by_judge):
+        _compare(bodies, ours, theirs, readable)
+
+
+def _compare(bodies: list[dict], ours: list[dict], theirs: list[list], readable: bool) -> None:
     asked = [judged for _, judged in theirs]
     assert any(asked) and not all(asked)  # some answers math-verify settles, some go to the judge
     for body, mine, (their_reward, judged) in zip(bodies, ours, theirs):

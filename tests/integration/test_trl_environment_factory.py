@@ -154,7 +154,10 @@ def test_gymserve_train_environment_factory_calls_tools(stack, factories, tmp_pa
     config_path.write_text(json.dumps({
         "mode": "environment_factory", "head_url": head.url, "model": str(model_dir), "train_data": [str(data)],
         "output_dir": str(tmp_path / "out"), "progress": False, "plot": False, "save_final": False,
-        "grpo": {"max_steps": 1, "num_generations": 2, "per_device_train_batch_size": 6, "top_k": 1,
+        # one optimizer step over three generation batches, one row (2 rollouts) each in the rows' order: TRL
+        # pads a batch to its longest prompt, and the workplace prompt (19 tool schemas) is 13 times the code one
+        "grpo": {"max_steps": 1, "num_generations": 2, "per_device_train_batch_size": 2,
+                 "gradient_accumulation_steps": 3, "steps_per_generation": 1, "top_k": 1,
                  "max_completion_length": 256, "max_tool_calling_iterations": 1, "shuffle_dataset": False}}))
     trainer = build_trainer(load_config(config_path))
     assert set(trainer.environment_factories) == {"workplace", "code", "code_broken"}
@@ -178,19 +181,21 @@ def test_gymserve_train_environment_factory_calls_tools(stack, factories, tmp_pa
                for r in replies["workplace"])  # the email the tool call sent is in the session's database
     assert all(r["reward"] == 1.0 and r["tests_passed"] == 3 for r in replies["code"])
     assert all(r["mask_sample"] and r["failure_kind"] == "sandbox" for r in replies["code_broken"])
-    # what TRL saw: the tool results in the completions, the verify rewards, None for the masked rollouts
-    completions = list(trainer._logs["completion"])
-    tool_outputs = [m["content"] for c in completions for m in c if m["role"] == "tool"]
-    assert sum('"status":"sent"' in out for out in tool_outputs) == 2
-    assert sum('"stdout":"5\\n"' in out and '"sandbox":"bwrap"' in out for out in tool_outputs) == 2
+    # what TRL's tool loop handed each environment: the servers' replies (the verify echoes them back)
+    outputs = {name: [item["output"] for env in pool for item in env._items if item["type"] == "function_call_output"]
+               for name, pool in trainer._environment_pool.items()}
+    assert outputs["workplace"] == ['{"status":"sent","email_id":"EMN001"}'] * 2  # each rollout its own session
+    assert all('"stdout":"5\\n"' in out and '"sandbox":"bwrap"' in out for out in outputs["code"])
+    assert all('"failure_kind":"sandbox"' in out for out in outputs["code_broken"]) and len(outputs["code_broken"]) == 2
     logged = {k: v for entry in trainer.state.log_history for k, v in entry.items()}
     assert logged["rewards/WorkplaceEnvironment/mean"] == 1.0 and logged["rewards/CodeEnvironment/mean"] == 1.0
     assert logged["rewards/CodeBrokenEnvironment/mean"] is None  # every value None: TRL logs no mean
-    rewards = trainer._logs["rewards"]
-    broken = [i for i, c in enumerate(completions)
-              if any(m["role"] == "tool" and '"failure_kind":"sandbox"' in m["content"] for m in c)]
-    assert len(broken) == 2 and len(completions) == 6
-    for i in broken:  # no reward function scored it: unscorable, advantage 0 (never a 0 reward)
+    assert logged["tools/call_frequency"] == 1.0 and "loss" in logged
+    # TRL's record of the last generation batch (the code_broken row): the masked tool result in each
+    # completion, no reward function scored it (unscorable), advantage 0: never trained as a 0
+    completions, rewards = list(trainer._logs["completion"]), trainer._logs["rewards"]
+    assert len(completions) == 2
+    for i, completion in enumerate(completions):
+        assert any(m["role"] == "tool" and '"failure_kind":"sandbox"' in m["content"] for m in completion)
         assert all(math.isnan(values[i]) for values in rewards.values())
         assert trainer._logs["advantages"][i] == 0.0
-    assert logged["tools/call_frequency"] == 1.0 and "loss" in logged

@@ -92,5 +92,5 @@ def taught_environment_model(factories: dict[str, Any], lessons: list[Lesson]) -
     """The tiny model taught `lessons` (cached per rendered lesson)."""
     from services.models.hf.tiny import taught_tiny_model
 
-    return taught_tiny_model("tiny-trl-env", teach_pairs(factories, lessons), context=CONTEXT)
+    return taught_tiny_model("tiny-trl-env", teach_pairs(factories, lessons), context=CONTEXT, layers=1)
 

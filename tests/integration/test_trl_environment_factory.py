@@ -186,6 +186,7 @@ def test_gymserve_train_environment_factory_calls_tools(stack, factories, tmp_pa
                for name, pool in trainer._environment_pool.items()}
     assert outputs["workplace"] == ['{"status":"sent","email_id":"EMN001"}'] * 2  # each rollout its own session
     assert all('"stdout":"5\\n"' in out and '"sandbox":"bwrap"' in out for out in outputs["code"])
+    assert len(outputs["code"]) == 2
     assert all('"failure_kind":"sandbox"' in out for out in outputs["code_broken"]) and len(outputs["code_broken"]) == 2
     logged = {k: v for entry in trainer.state.log_history for k, v in entry.items()}
     assert logged["rewards/WorkplaceEnvironment/mean"] == 1.0 and logged["rewards/CodeEnvironment/mean"] == 1.0

@@ -23,8 +23,11 @@ def rows() -> list[dict[str, str]]:
         {"framework": "TRL `environment_factory`", "version tested": f"trl {version('trl')} (installed)",
          "what works": "one environment class per resource server, tools typed from its OpenAPI, "
                        "`reset` seeds a session, `get_reward` verifies it; a dict of factories for mixed rows; "
-                       "one GRPO step in `gymserve train`",
-         "masked failures": "`get_reward` returns None: TRL leaves the rollout out of the group baseline, advantage 0",
+                       "one GRPO step in `gymserve train` in which TRL's own tool-calling generation makes a tiny "
+                       "taught model call `send_email` (workplace) and `execute_python` (code): the servers count "
+                       "the calls, `/verify` scores 1.0",
+         "masked failures": "`get_reward` returns None (a broken sandbox's masked verify, in that step): TRL leaves "
+                            "the rollout out of the group baseline, advantage 0",
          "a user adds": "`mode: environment_factory` in the train config",
          "proven by": "`tests/integration/test_trl_environment_factory.py`"},
         {"framework": "NeMo RL", "version tested": f"main at {COMMIT[:10]} and v0.7.0 (source excerpts)",

@@ -1,18 +1,22 @@
 """A tiny local model for fast tests: a 2-layer Llama with the embedded model's tokenizer and template.
 
 `make_tiny_model(folder)` writes a randomly initialised model folder (seconds on CPU).
-With `teach=[(prompt_text, reply_text), ...]` it is first overfitted on those pairs so it
+With `teach=[(prompt, reply_text), ...]` it is first overfitted on those pairs so it
 really emits them (for example a `<tool_call>` block), which lets tests exercise tool-call
-parsing and multi-turn tool conversations end to end with a real model.
+parsing and multi-turn tool conversations end to end with a real model. A prompt is text,
+or token ids where the exact tokens matter (a trainer that concatenates ids across turns).
 """
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any, Sequence
+
+Prompt = str | list[int]
 
 
-def make_tiny_model(folder: str | Path, *, teach: list[tuple[str, str]] = (), steps: int = 300, seed: int = 0,
-                    hidden: int = 64, layers: int = 2) -> Path:
+def make_tiny_model(folder: str | Path, *, teach: Sequence[tuple[Prompt, str]] = (), steps: int = 300,
+                    seed: int = 0, hidden: int = 64, layers: int = 2, context: int = 2048) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -24,12 +28,12 @@ def make_tiny_model(folder: str | Path, *, teach: list[tuple[str, str]] = (), st
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=2048, bos_token_id=tokenizer.bos_token_id,
+                         max_position_embeddings=context, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                          tie_word_embeddings=True)
     model = LlamaForCausalLM(config)
     if teach:
-        used = _overfit(model, tokenizer, teach, steps)
+        used = _overfit(model, tokenizer, list(teach), steps)
         if used >= steps:
             raise RuntimeError(f"the tiny model did not learn its {len(teach)} replies in {steps} steps")
     tmp = folder.with_name(folder.name + ".tmp")
@@ -43,60 +47,71 @@ def make_tiny_model(folder: str | Path, *, teach: list[tuple[str, str]] = (), st
     return folder
 
 
-def _overfit(model, tokenizer, pairs: list[tuple[str, str]], steps: int) -> int:
-    """Teach the model to answer each prompt with its reply (+ end of turn); loss only on the reply."""
-    import torch
-
+def _rows(tokenizer: Any, pairs: list[tuple[Prompt, str]]) -> list[tuple[list[int], list[int]]]:
+    """(ids, labels) per pair, loss only on the reply (+ end of turn). A row whose whole sequence
+    starts another row's prompt (an earlier turn of the same conversation) is folded into that
+    row: the same predictions from the same contexts, without running the shared prefix twice."""
     eos = tokenizer.eos_token_id
     rows = []
     for prompt, reply in pairs:
-        p = tokenizer(prompt, add_special_tokens=False).input_ids
+        p = list(prompt) if isinstance(prompt, list) else tokenizer(prompt, add_special_tokens=False).input_ids
         r = tokenizer(reply, add_special_tokens=False).input_ids + [eos]
         rows.append((p + r, [-100] * len(p) + r))
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.full((len(rows), width), eos, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for b, (i, lab) in enumerate(rows):
-        ids[b, :len(i)] = torch.tensor(i)
-        labels[b, :len(lab)] = torch.tensor(lab)
-        mask[b, :len(i)] = 1
-    targets = labels[:, 1:]
-    keep = targets != -100  # only the reply positions go through the (large) output layer
+    rows.sort(key=lambda row: len(row[0]), reverse=True)
+    kept: list[tuple[list[int], list[int]]] = []
+    for ids, labels in rows:
+        host = next((k for k in kept if k[0][:len(ids)] == ids), None)
+        if host is None:
+            kept.append((ids, labels))
+            continue
+        for i, label in enumerate(labels):
+            if label != -100:
+                host[1][i] = label
+    return kept
+
+
+def _overfit(model, tokenizer, pairs: list[tuple[Prompt, str]], steps: int) -> int:
+    """Teach the model to answer each prompt with its reply; loss only on the reply positions,
+    each row run on its own (no padding: a long prompt does not make the short ones pay for it)."""
+    import torch
+
+    rows = []
+    for ids, labels in _rows(tokenizer, pairs):
+        targets = torch.tensor(labels[1:])
+        rows.append((torch.tensor([ids]), targets, targets != -100))
+    total = sum(int(keep.sum()) for _, _, keep in rows)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # far faster than 2 contending threads on a busy small machine
     model.train()
     for step in range(steps):  # noqa: B007 (the count is returned)
-        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1][keep]
-        logits = model.lm_head(hidden)
-        loss = torch.nn.functional.cross_entropy(logits, targets[keep])
-        loss.backward()
+        loss_sum, right = 0.0, True
+        for ids, targets, keep in rows:
+            # only the reply positions go through the (large) output layer
+            logits = model.lm_head(model.model(input_ids=ids).last_hidden_state[0, :-1][keep])
+            loss = torch.nn.functional.cross_entropy(logits, targets[keep], reduction="sum") / total
+            loss.backward()
+            loss_sum += loss.item()
+            right = right and bool((logits.argmax(-1) == targets[keep]).all())
         optim.step()
         optim.zero_grad()
-        if bool((logits.argmax(-1) == targets[keep]).all()) and loss.item() < 0.1 and _learned(model, rows):
+        if right and loss_sum < 0.1 and _learned(model, rows):
             break
     torch.set_num_threads(threads)
     model.eval()
     return step + 1
 
 
-def _learned(model, rows: list[tuple[list[int], list[int]]]) -> bool:
-    """Each reply is the greedy choice with a clear margin when its row runs alone in eval mode.
-
-    The padded training batch can agree with the targets while a lone row's logits differ by a
-    hair; greedy generation then drifts off the reply, so the check uses the generation setting.
-    """
+def _learned(model, rows: list[tuple[Any, Any, Any]]) -> bool:
+    """Each reply token is the greedy choice with a clear margin, in eval mode (the generation
+    setting): generation must not drift off a reply whose logits win by a hair."""
     import torch
 
     model.eval()
     try:
         with torch.no_grad():
-            for ids, labels in rows:
-                logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
-                targets = torch.tensor(labels[1:])
-                keep = targets != -100
-                top2 = logits[keep].topk(2, dim=-1)
+            for ids, targets, keep in rows:
+                top2 = model.lm_head(model.model(input_ids=ids).last_hidden_state[0, :-1][keep]).topk(2, dim=-1)
                 if not bool((top2.indices[:, 0] == targets[keep]).all()):
                     return False
                 if float((top2.values[:, 0] - top2.values[:, 1]).min()) < 1.0:
@@ -189,7 +204,15 @@ def tiny_code_model(task: list[dict], root: str | Path | None = None) -> Path:
     return _cached("tiny-code", ["v1", teach], teach, root)
 
 
-def _cached(name: str, key: object, teach: list[tuple[str, str]], root: str | Path | None) -> Path:
+def taught_tiny_model(name: str, teach: Sequence[tuple[Prompt, str]], root: str | Path | None = None,
+                      **options: Any) -> Path:
+    """A tiny model taught `teach` (`make_tiny_model` options such as `context`), cached under
+    `name` and a digest of the pairs and options."""
+    return _cached(name, ["v1", options, list(teach)], list(teach), root, **options)
+
+
+def _cached(name: str, key: object, teach: list[tuple[Prompt, str]], root: str | Path | None,
+            **options: Any) -> Path:
     """The model taught `teach`, built once per `key` under the cache (a file lock keeps parallel
     test processes from building it twice)."""
     import fcntl
@@ -205,5 +228,5 @@ def _cached(name: str, key: object, teach: list[tuple[str, str]], root: str | Pa
         with open(folder.parent / f".{folder.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not (folder / "config.json").exists():
-                make_tiny_model(folder, teach=teach)
+                make_tiny_model(folder, teach=teach, **options)
     return folder

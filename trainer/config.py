@@ -50,7 +50,7 @@ class LoraConfig(_Strict):
 
     enabled: StrictBool = False
     r: StrictInt = Field(16, ge=1)  # NeMo RL: dim
-    alpha: float = Field(32.0, gt=0)  # scaling = alpha / r
+    alpha: StrictInt = Field(32, ge=1)  # scaling = alpha / r
     dropout: float = Field(0.0, ge=0, lt=1)
     # module names (suffixes) to wrap, or "all-linear"; None: peft's default for the model type
     target_modules: list[Annotated[str, Field(min_length=1)]] | Literal["all-linear"] | None = None

@@ -50,11 +50,12 @@ def merged_tensors(model: Any) -> dict[str, Any]:
         for name, module in model.get_base_model().named_modules():
             if not isinstance(module, LoraLayer):
                 continue
-            weight = module.get_base_layer().weight.detach()
-            if not module.merged:  # a merged layer already holds W + delta
-                for adapter in module.active_adapters:
-                    if adapter in module.lora_A or adapter in module.lora_embedding_A:
-                        weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
+            layer: Any = module  # Linear, Embedding, ...: each LoraLayer kind has its get_delta_weight
+            weight = layer.get_base_layer().weight.detach()
+            if not layer.merged:  # a merged layer already holds W + delta
+                for adapter in layer.active_adapters:
+                    if adapter in layer.lora_A or adapter in layer.lora_embedding_A:
+                        weight = weight + layer.get_delta_weight(adapter).to(weight.dtype)
             merged[f"{name}.weight"] = weight
     return merged
 

@@ -44,7 +44,7 @@ def test_merged_tensors_equal_merge_and_unload():
 
     from services.models.hf.weights import check_tensors
 
-    model = _peft_model(r=4, alpha=8.0, target_modules=TARGETS)
+    model = _peft_model(r=4, alpha=8, target_modules=TARGETS)
     plain = copy.deepcopy(model).merge_and_unload()
     expected = plain.state_dict()
     full = policy_tensors(model, full=True)
@@ -108,7 +108,8 @@ def test_lora_is_off_by_default_and_maps_to_peft(tmp_path):
 
 @pytest.mark.parametrize("override, key", [
     ("lora.r=0", "lora.r"),
-    ("lora.alpha=-1", "lora.alpha"),
+    ("lora.alpha=0", "lora.alpha"),
+    ("lora.alpha=1.5", "lora.alpha"),
     ("lora.dropout=1.0", "lora.dropout"),
     ("lora.target_modules=[]", "lora.target_modules"),
     ("lora.target_modules=everything", "lora.target_modules"),

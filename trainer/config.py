@@ -12,7 +12,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator,
+                      model_validator)
 
 ADVANTAGES = ("trl", "nemo_rl_grpo", "leave_one_out", "gdpo")
 Advantage = Literal["trl", "nemo_rl_grpo", "leave_one_out", "gdpo"]
@@ -42,6 +43,24 @@ class WeightSyncConfig(_Strict):
     enabled: Literal["auto"] | StrictBool = "auto"
     policy_server: str | None = None
     max_policy_lag: StrictInt = Field(0, ge=0)
+
+
+class LoraConfig(_Strict):
+    """A LoRA adapter (peft) trained instead of the whole model; the policy server gets merged weights."""
+
+    enabled: StrictBool = False
+    r: StrictInt = Field(16, ge=1)  # NeMo RL: dim
+    alpha: StrictInt = Field(32, ge=1)  # scaling = alpha / r
+    dropout: float = Field(0.0, ge=0, lt=1)
+    # module names (suffixes) to wrap, or "all-linear"; None: peft's default for the model type
+    target_modules: list[Annotated[str, Field(min_length=1)]] | Literal["all-linear"] | None = None
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_targets(cls, value: list[str] | str | None) -> list[str] | str | None:
+        if isinstance(value, list) and not value:
+            raise ValueError("give at least one module name, or leave the key out for peft's default")
+        return value
 
 
 # Our names for the GRPO guide's options -> the trl.GRPOConfig field each one sets.
@@ -102,6 +121,7 @@ class TrainConfig(_Strict):
     seed: int = 0
     save_final: bool = True
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
     plot: bool = True
     progress: bool = True
 

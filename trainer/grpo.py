@@ -63,6 +63,8 @@ def trainer_class() -> type:
             self.gymserve_importance_sampling = importance_sampling
             self.gymserve_is_cap = importance_sampling_cap
             self._gymserve_rewards: Any = None
+            if importance_sampling and not self.use_vllm:
+                log.info("truncated importance-sampling correction on (cap %s)", importance_sampling_cap)
 
         def get_train_dataloader(self) -> Any:
             """Read ahead for asynchronous rollouts (trainer/rollout_queue.py) when the rollout function queues."""

@@ -14,6 +14,7 @@ Config (YAML; `key=value` overrides on the command line, dotted for nesting):
     reward_functions: auto                # auto | total | components | both
     rollout: {concurrency: 64, deadline_s: 900, retries: 2, sampling: {}}
     weight_sync: {enabled: auto, policy_server: null, max_policy_lag: 0}   # >= 1: async (trainer/rollout_queue.py)
+    lora: {enabled: false, r: 16, alpha: 32, dropout: 0.0, target_modules: null}  # trainer/lora.py
     plot: true                            # reward.png in output_dir at the end
     progress: true                        # rich progress bar with the live reward
     grpo: {advantage: trl, ...}           # our GRPO options (trainer/config.py) + any trl.GRPOConfig field
@@ -23,13 +24,14 @@ mismatch metrics, importance-sampling correction) is trainer/grpo.py.
 `metrics.jsonl` in `output_dir` gets one line per logging step (loss, reward, reward
 components, per-environment reward, KL, mismatch metrics, policy lag, ...) through `trainer.step_log.StepLog.record`;
 `rollouts.jsonl` every rollout record as sampled (response, reward, `policy_version`);
-the final weights go to `output_dir/final`.
+the final weights go to `output_dir/final` (with LoRA: the adapter, peft's format).
 
 Weight sync (see trainer/weight_sync.py): unless `grpo.use_vllm` is set (TRL syncs vLLM
 itself), the trainer pushes its weights to the models/hf policy server before a rollout
 batch whenever the server is more than `max_policy_lag` versions behind (with a lag of 1
 or more, rollouts are read ahead and the weights pushed after every step). `enabled: auto`
-syncs when the head lists a models/hf server and warns loudly when it does not.
+syncs when the head lists a models/hf server and warns loudly when it does not. With LoRA the
+policy server gets the adapter merged into the base weights (trainer/lora.py).
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ from .data import load_rows
 from .environment_factory import environment_inputs, tool_chat_template
 from .grpo import trainer_class
 from .jsonl import JsonlAppender, read_complete_lines
+from .lora import peft_config
 from .report import write_training_report
 from .step_log import StepLog, plot
 from .trl import make_rollout_func, reward_functions, to_trl_dataset
@@ -140,7 +143,7 @@ def build_trainer(config: TrainConfig):
     step_log = StepLog(config.output_dir, total=args.max_steps if args.max_steps > 0 else None,
                        progress=config.progress, head_url=head_url)
     common = {"model": model, "args": args, "processing_class": tokenizer, "callbacks": [step_callback(step_log)],
-              "advantage": config.grpo.advantage}
+              "advantage": config.grpo.advantage, "peft_config": peft_config(config.lora, model)}
     if config.mode == "environment_factory":  # TRL generates with the model it trains: no rollouts, no sync
         rollout_func = None
         common["processing_class"] = tool_chat_template(tokenizer)

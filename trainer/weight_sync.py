@@ -13,6 +13,9 @@ the server's current version (1 on a fresh server). `server_version` and lags ar
 The policy server must run with `accept_weights=true` (training stacks set it; it is off by
 default so nobody else can replace the policy).
 
+A LoRA-trained model (trainer/lora.py) is sent merged, under the base model's names: all of
+it on the first push, then only the layers the adapter wraps.
+
 With `use_vllm: true` TRL syncs vLLM itself and this class stays idle.
 """
 from __future__ import annotations
@@ -30,6 +33,7 @@ import httpx
 from services.core.auth import auth_headers
 from services.models.hf.weights import save_tensors, shared_dir
 
+from .lora import policy_tensors
 from .rollout_queue import is_stale
 
 log = logging.getLogger("gymserve.trainer.sync")
@@ -105,7 +109,7 @@ class WeightSync:
         version = step + self.offset
         path = self.directory / f"gymserve-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}.safetensors"
         try:
-            save_tensors(model.state_dict(), path)
+            save_tensors(policy_tensors(model, full=self.syncs == 0), path)
             response = httpx.post(f"{self.url}/v1/weights", json={"path": str(path), "version": int(version)},
                                   headers=auth_headers(), timeout=self.timeout_s)
         finally:

@@ -440,11 +440,6 @@ def question_text(request: VerifyRequest) -> str:
     question = request.field("question")
     if isinstance(question, str) and question.strip():
         return question
-    return last_user_text(request)
-
-
-def last_user_text(request: VerifyRequest) -> str:
-    """The text of the prompt's last user message ("" when there is none)."""
     for message in reversed(request.responses_create_params.input_messages()):
         if message.get("role") == "user":
             return content_text(message.get("content"))

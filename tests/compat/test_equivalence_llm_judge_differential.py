@@ -2,9 +2,9 @@
 (`models/stub` on 127.0.0.1: four fixed replies, equal, not equal, no label, both labels, and a scripted
 one that says equal only to a whole multi-line response, and not equal when the swapped question puts
 the row's answer last) about NeMo-Gym's example rows (its `example.jsonl` and `example_openqa.jsonl`,
-the latter with per-row `template_metadata.output_regex`, and three rows made from them: an answer over
+the latter with per-row `template_metadata.output_regex`, and four rows made from them: an answer over
 `extraction_length_threshold`, an `output_regex` that is not a regular expression, the answer only in
-`metadata.expected_answer`), each with every response of its recorded rollouts and generated ones.
+`metadata.expected_answer`, a question in text parts followed by an image-only turn), each with every response of its recorded rollouts and generated ones.
 Both sides run with NeMo-Gym's shipped config (`configs/equivalence_llm_judge.yaml`) and with the swap
 check, the full-generation rescue and an answer length limit on. The judge must be asked the same
 questions in the same order, and the rewards must be equal, but for the intended difference: a judge
@@ -57,15 +57,16 @@ print(json.dumps(asyncio.run(main())))
 """
 
 # NeMo-Gym's configs/equivalence_llm_judge.yaml, every option that decides a reward
-SHIPPED: dict[str, object] = {"judge_system_message": None, "judge_equal_label": "[[A=B]]", "judge_not_equal_label": "[[A!=B]]",
-           "question_extract_regex": None, "response_extract_regex": None, "check_twice_swap": False,
-           "reward_if_swap_fails": 0.0, "use_per_record_regex": True, "extraction_length_threshold": None,
-           "check_full_generation_on_fail": False, "reward_if_full_generation_succeeds": 0.0}
+SHIPPED: dict[str, object] = {
+    "judge_system_message": None, "judge_equal_label": "[[A=B]]", "judge_not_equal_label": "[[A!=B]]",
+    "question_extract_regex": None, "response_extract_regex": None, "check_twice_swap": False,
+    "reward_if_swap_fails": 0.0, "use_per_record_regex": True, "extraction_length_threshold": None,
+    "check_full_generation_on_fail": False, "reward_if_full_generation_succeeds": 0.0}
 # the swap check, the rescue (NeMo-Gym's class defaults for it), an answer limit and both regexes on
-CHECKED: dict[str, object] = {**SHIPPED, "check_twice_swap": True, "reward_if_swap_fails": -1.0, "extraction_length_threshold": 120,
-           "check_full_generation_on_fail": True, "reward_if_full_generation_succeeds": 0.5,
-           "max_answer_chars": 3000, "question_extract_regex": r"\n\n(.*)\Z",
-           "response_extract_regex": r"\\boxed\{(.*)\}"}
+CHECKED: dict[str, object] = {
+    **SHIPPED, "check_twice_swap": True, "reward_if_swap_fails": -1.0, "extraction_length_threshold": 120,
+    "check_full_generation_on_fail": True, "reward_if_full_generation_succeeds": 0.5, "max_answer_chars": 3000,
+    "question_extract_regex": r"\n\n(.*)\Z", "response_extract_regex": r"\\boxed\{(.*)\}"}
 CONFIGS: dict[str, dict[str, object]] = {"shipped": SHIPPED, "checked": CHECKED}
 
 # (judge, its stub options, whether gymserve reads a verdict from its replies)
@@ -113,11 +114,17 @@ def _bodies(nemo) -> list[dict]:
     made = [{**openqa[2], "expected_answer": long_answer},
             {**openqa[1], "template_metadata": {**openqa[1]["template_metadata"], "output_regex": "(["}},
             {**{k: v for k, v in plain[0].items() if k != "expected_answer"},
-             "metadata": {"expected_answer": plain[0]["expected_answer"]}}]
+             "metadata": {"expected_answer": plain[0]["expected_answer"]}},
+            {**plain[1], "responses_create_params": {"input": [  # a question in two text parts, then an image
+                {"role": "user", "content": [{"type": "input_text", "text": "Answer briefly. "},
+                                             {"type": "input_text", "text": plain[1]["question"]}]},
+                {"role": "assistant", "content": "Which acids?"},
+                {"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AA==",
+                                              "detail": "auto"}]}]}}]
     recorded = {id(row): [r["response"] for r in _jsonl(data / "example_rollouts.jsonl")] for row in plain}
     recorded.update({id(row): [r["response"] for r in _jsonl(data / "example_rollouts_openqa.jsonl")]
                      for row in openqa + made[:2]})
-    recorded[id(made[2])] = recorded[id(plain[0])]
+    recorded[id(made[2])] = recorded[id(made[3])] = recorded[id(plain[0])]
     rows = plain + openqa + made
     return [{**row, "response": response} for row in rows
             for response in recorded[id(row)] + _generated(row.get("expected_answer") or row["metadata"]["expected_answer"])]

@@ -14,8 +14,8 @@ from fastapi import FastAPI
 from pydantic import Field, field_validator, model_validator
 
 from services.core.errors import BadRequest
-from services.core.judge import (judge_failed_reply, JudgedEnvironment, JudgeFailure, label_parser,
-                                 last_user_text, Parser, PromptTemplate, TemplatedJudgeConfig)
+from services.core.judge import (judge_failed_reply, JudgedEnvironment, JudgeFailure, label_parser, Parser,
+                                 PromptTemplate, TemplatedJudgeConfig)
 from services.core.replies import scored_reply
 from services.core.resource import Session, create_resource_app
 from services.core.schemas import MessageItem, ResponseObject, VerifyReply, VerifyRequest
@@ -118,6 +118,20 @@ def final_answer_text(response: ResponseObject) -> str:
     return ""
 
 
+def prompt_question(request: VerifyRequest) -> str:
+    """The last user message with text (its text parts one per line): the question the judge is shown."""
+    for message in reversed(request.responses_create_params.input_messages()):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content.strip()
+        texts = [p["text"] for p in content or [] if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        if texts:
+            return "\n".join(texts).strip()
+    return ""
+
+
 def expected_answer(request: VerifyRequest) -> str:
     """The row's `expected_answer`, else `metadata.expected_answer`; none is a 400."""
     expected = request.field("expected_answer")
@@ -156,7 +170,7 @@ class EquivalenceLLMJudge(JudgedEnvironment):
             and len(expected) > config.extraction_length_threshold  # judged whole: no swap, no rescue question
         pattern = None if long_expected else row_regex or config.response_extract_regex
         answer = last_match(text, pattern)
-        question = last_match(last_user_text(request), config.question_extract_regex)
+        question = last_match(prompt_question(request), config.question_extract_regex)
         records: list[dict[str, Any]] = []
 
         async def equal(expected_side: str, generated_side: str) -> bool:

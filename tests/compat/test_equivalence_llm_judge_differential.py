@@ -4,7 +4,8 @@ one that says equal only to a whole multi-line response, and not equal when the 
 the row's answer last) about NeMo-Gym's example rows (its `example.jsonl` and `example_openqa.jsonl`,
 the latter with per-row `template_metadata.output_regex`, and four rows made from them: an answer over
 `extraction_length_threshold`, an `output_regex` that is not a regular expression, the answer only in
-`metadata.expected_answer`, a question in text parts followed by an image-only turn), each with every response of its recorded rollouts and generated ones.
+`metadata.expected_answer`, a question in text parts followed by an image-only turn), each with every
+response of its recorded rollouts and generated ones.
 Both sides run with NeMo-Gym's shipped config (`configs/equivalence_llm_judge.yaml`) and with the swap
 check, the full-generation rescue and an answer length limit on. The judge must be asked the same
 questions in the same order, and the rewards must be equal, but for the intended difference: a judge

@@ -123,7 +123,8 @@ ROWS: list[tuple[str, str, str, str | None]] = [
      '`output_regex`) and 4 made from them (an answer over `extraction_length_threshold`, an `output_regex`'
      ' that is not a regex, `metadata.expected_answer`, a question in text parts then an image turn), each '
      'with every response of its recorded rollouts and 14 generated ones (right, wrong, empty, thinking '
-     'only, 6,000 characters, each answer format, two text blocks), under its shipped config and with the swap check, rescue and `max_answer_chars` on: '
+     'only, 6,000 characters, each answer format, two text blocks), under '
+     'its shipped config and with the swap check, rescue and `max_answer_chars` on: '
      '{count} verdicts; the judge is asked the same questions in the same order, and the rewards are equal'
      ' for readable verdicts; the rest is the intended difference below',
      '`tests/compat/test_equivalence_llm_judge_differential.py`', 'equivalence_llm_judge'),

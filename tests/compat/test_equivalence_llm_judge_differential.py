@@ -6,8 +6,10 @@ the latter with per-row `template_metadata.output_regex`, and four rows made fro
 `extraction_length_threshold`, an `output_regex` that is not a regular expression, the answer only in
 `metadata.expected_answer`, a question in text parts followed by an image-only turn), each with every
 response of its recorded rollouts and generated ones.
-Both sides run with NeMo-Gym's shipped config (`configs/equivalence_llm_judge.yaml`) and with the swap
-check, the full-generation rescue and an answer length limit on. The judge must be asked the same
+Both sides run with NeMo-Gym's shipped config (`configs/equivalence_llm_judge.yaml`), with the swap
+check, the full-generation rescue and an answer length limit on, and with its `configs/lc_judge.yaml`
+(labels `CORRECT`/`INCORRECT`, each side's own defaults for the options it leaves out, under judges
+that answer in those labels). The judge must be asked the same
 questions in the same order, and the rewards must be equal, but for the intended difference: a judge
 reply gymserve cannot read (no label, or both) masks the sample where NeMo-Gym scores it (0 for no
 label, the last label for both).
@@ -38,14 +40,14 @@ from resources_servers.equivalence_llm_judge import app as eq
 os.environ["NEMO_GYM_MODEL_SERVER_NAME"] = "judge"
 client = ServerClient(head_server_config=BaseServerConfig(host="127.0.0.1", port=1),
                       global_config_dict=OmegaConf.create({}))
-async def run(options, judge_url):
+async def run(options, template, judge_url):
     os.environ["NEMO_GYM_MODEL_SERVER_BASE_URL"] = judge_url  # read on every request
     config = eq.LLMJudgeResourcesServerConfig(host="127.0.0.1", port=1, entrypoint="app.py",
         judge_model_server={"type": "responses_api_models", "name": "judge"},
         judge_responses_create_params={"input": []}, **options)
     server = eq.LLMJudgeResourcesServer.model_construct(config=config, server_client=client)
     server._judge_endpoint_max_concurrency = nullcontext()
-    server._judge_prompt_template = data["template"]
+    server._judge_prompt_template = template
     out = []
     for body in data["bodies"]:
         r = await server.verify(eq.LLMJudgeVerifyRequest.model_validate(body))
@@ -53,7 +55,7 @@ async def run(options, judge_url):
                     [e.responses_create_params.input[-1].content for e in r.judge_evaluations]])
     return out
 async def main():
-    return [await run(case["options"], case["judge_url"]) for case in data["cases"]]
+    return [await run(case["options"], case["template"], case["judge_url"]) for case in data["cases"]]
 print(json.dumps(asyncio.run(main())))
 """
 
@@ -68,13 +70,25 @@ CHECKED: dict[str, object] = {
     **SHIPPED, "check_twice_swap": True, "reward_if_swap_fails": -1.0, "extraction_length_threshold": 120,
     "check_full_generation_on_fail": True, "reward_if_full_generation_succeeds": 0.5, "max_answer_chars": 3000,
     "question_extract_regex": r"\n\n(.*)\Z", "response_extract_regex": r"\\boxed\{(.*)\}"}
-CONFIGS: dict[str, dict[str, object]] = {"shipped": SHIPPED, "checked": CHECKED}
+# NeMo-Gym's configs/lc_judge.yaml: labels one inside the other, a question regex; the options it does not
+# set are NeMo-Gym's defaults on its side and gymserve's on ours (the rescue with 0.5 among them)
+LC: dict[str, object] = {
+    "judge_system_message": None, "judge_equal_label": "CORRECT", "judge_not_equal_label": "INCORRECT",
+    "check_twice_swap": False, "reward_if_swap_fails": 0.0, "question_extract_regex": r"^QUESTION:\s*(.*)$|</text>\n\n(.*)$",
+    "response_extract_regex": None}
+# config: (its options, its prompt template, the judges asked under it)
+CONFIGS: dict[str, tuple[dict[str, object], str, list[str]]] = {
+    "shipped": (SHIPPED, "equivalence_llm_judge.txt", ["equal", "not-equal", "no-label", "both-labels", "scripted"]),
+    "checked": (CHECKED, "equivalence_llm_judge.txt", ["equal", "not-equal", "no-label", "both-labels", "scripted"]),
+    "lc": (LC, "lc_judge.txt", ["correct", "incorrect", "both-lc", "scripted-lc"])}
 
-# (judge, its stub options, whether gymserve reads a verdict from its replies)
+# (judge, its one reply, whether gymserve reads a verdict from it)
 FIXED = [("equal", "Both name the same thing.\n\n[[A=B]] they are equivalent", True),
          ("not-equal", "[[A!=B]] they are not equivalent", True),
          ("no-label", "I cannot tell.", False),
-         ("both-labels", "[[A=B]] they are equivalent; no: [[A!=B]]", False)]
+         ("both-labels", "[[A=B]] they are equivalent; no: [[A!=B]]", False),
+         ("correct", "CORRECT", True), ("incorrect", "INCORRECT", True),
+         ("both-lc", "INCORRECT. No, CORRECT", False)]
 
 
 def _data_dir(nemo) -> Path:
@@ -141,6 +155,11 @@ def _scripted(bodies: list[dict]) -> list[dict]:
             {"match": r"CANDIDATE:\n[^\n]*\n[\s\S]*\Z", "text": "the same\n\n[[A=B]]"}]
 
 
+def _scripted_lc() -> list[dict]:
+    """CORRECT only for a multi-line candidate (a whole response: the rescue question)."""
+    return [{"match": r"ASSESS: [^\n]*\n(?!\nReply only with CORRECT or INCORRECT\.\Z)", "text": "CORRECT"}]
+
+
 def _options(options: dict[str, object]) -> list[str]:
     return [f"{key}={json.dumps(value)}" for key, value in options.items()]
 
@@ -151,16 +170,18 @@ def _prompts(reply: dict) -> list[str]:
 
 def test_equivalence_rewards_equal_nemo_gyms(nemo, workdir):
     bodies = _bodies(nemo)
-    template = (_data_dir(nemo) / "prompt_templates" / "equivalence_llm_judge.txt").read_text().strip()
+    templates = {config: (_data_dir(nemo) / "prompt_templates" / file).read_text().strip()
+                 for config, (_, file, _) in CONFIGS.items()}
     judges = [(name, [f"text={json.dumps(reply)}"], readable) for name, reply, readable in FIXED]
     judges.append(("scripted", [f"text={json.dumps('[[A!=B]]')}", f"rules={json.dumps(_scripted(bodies))}"], True))
+    judges.append(("scripted-lc", ["text=INCORRECT", f"rules={json.dumps(_scripted_lc())}"], True))
+    cases = [(config, name) for config, (_, _, names) in CONFIGS.items() for name in names]
     with ExitStack() as stack:
         stubs = {name: ServerProcess("models/stub", *args, name=f"judge_{i}", env={"GYMSERVE_NO_AUTH": "1"})
                  for i, (name, args, _) in enumerate(judges)}
-        cases = [(config, name) for config in CONFIGS for name, _, _ in judges]
         ours_servers = {case: ServerProcess("resources/equivalence_llm_judge", f"judge_model_server={stubs[case[1]].url}",
-                                            f"judge_prompt_template={json.dumps(template)}", "judge_deadline_s=60",
-                                            "verify_deadline_s=120", *_options(CONFIGS[case[0]]),
+                                            f"judge_prompt_template={json.dumps(templates[case[0]])}",
+                                            "judge_deadline_s=60", "verify_deadline_s=120", *_options(CONFIGS[case[0]][0]),
                                             name=f"eq_{i}", ready_timeout_s=300)
                         for i, case in enumerate(cases)}
         for server in [*stubs.values(), *ours_servers.values()]:
@@ -168,8 +189,9 @@ def test_equivalence_rewards_equal_nemo_gyms(nemo, workdir):
             server.launch()
         for server in [*stubs.values(), *ours_servers.values()]:
             server.wait_ready()
-        theirs = nemo.python_json(NEMO_VERIFY, {"template": template, "bodies": bodies, "cases": [
-            {"options": CONFIGS[config], "judge_url": stubs[name].url} for config, name in cases]}, workdir)
+        theirs = nemo.python_json(NEMO_VERIFY, {"bodies": bodies, "cases": [
+            {"options": CONFIGS[config][0], "template": templates[config], "judge_url": stubs[name].url}
+            for config, name in cases]}, workdir)
         ours = {case: server.post("/verify/batch", bodies, timeout=300).json() for case, server in ours_servers.items()}
         # a row with no expected answer anywhere: a 400 naming the field (NeMo-Gym asks its judge with an empty GOLD)
         no_answer = {k: v for k, v in bodies[0].items() if k != "expected_answer"}
@@ -196,4 +218,5 @@ def test_equivalence_rewards_equal_nemo_gyms(nemo, workdir):
             assert masked == sum(1 for _, _, prompts in their_replies if prompts) > 0
     checked = [r["reward"] for r in ours[("checked", "scripted")]]
     assert {1.0, 0.5, 0.0, -1.0} <= set(checked)  # the swap check failing and the rescue both happened
+    assert 0.5 in {r["reward"] for r in ours[("lc", "scripted-lc")]}  # the rescue is on by default on both sides
     compared("equivalence_llm_judge", compared_cases)

@@ -13,7 +13,7 @@ START, END = "<!-- compat-proven:start -->", "<!-- compat-proven:end -->"
 
 # cases compared per differential test (asserted by the tests)
 COUNTS = {"mcqa": 290, "reasoning_gym": 280, "workplace_assistant": 110, "workplace_assistant_tools": 52,
-          "instruction_following": 13}
+          "instruction_following": 13, "equivalence_llm_judge": 3724}
 
 # (what, NeMo-Gym 0.7.0 side, tests, count key or None)
 ROWS: list[tuple[str, str, str, str | None]] = [
@@ -115,6 +115,20 @@ ROWS: list[tuple[str, str, str, str | None]] = [
      'recorded responses and the boxed generated ones: the same answers go to the judge on both sides, and'
      ' the rewards are equal for readable verdicts; the rest is the intended difference below',
      '`tests/compat/test_math_judge_differential.py`', None),
+    ('equivalence_llm_judge rewards',
+     "NeMo-Gym's own `LLMJudgeResourcesServer.verify` with its own `ServerClient`, and our "
+     '`resources/equivalence_llm_judge`, both with its prompt template, ask the same judges (`models/stub`: '
+     '`[[A=B]]`, `[[A!=B]]`, no label, both labels, and one scripted by prompt that fails the swap check '
+     'and passes the full-generation rescue; the same for `lc_judge`) about its 10 example rows (plain and openqa, per-row '
+     '`output_regex`) and 4 made from them (an answer over `extraction_length_threshold`, an `output_regex`'
+     ' that is not a regex, `metadata.expected_answer`, a question in text parts then an image turn), each '
+     'with every response of its recorded rollouts and 14 generated ones (right, wrong, empty, thinking '
+     'only, 6,000 characters, each answer format, two text blocks), under its shipped config, with the swap '
+     'check, rescue and `max_answer_chars` on, and under its `lc_judge` config (`CORRECT`/`INCORRECT`, '
+     'defaults elsewhere: each side its own): '
+     '{count} verdicts; the judge is asked the same questions in the same order, and the rewards are equal'
+     ' for readable verdicts; the rest is the intended difference below',
+     '`tests/compat/test_equivalence_llm_judge_differential.py`', 'equivalence_llm_judge'),
     ('reasoning_gym rewards',
      "NeMo-Gym's own `ReasoningGymResourcesServer.verify` on its 5 example rows × every response in its "
      'recorded rollouts, plus 10 rows of five more reasoning-gym tasks (`chain_sum`, '

@@ -161,7 +161,7 @@ def _equivalence_body(answer: str, expected: str = "Charles Darwin") -> dict:
 
 def test_equivalence_judge(judge) -> None:
     with ServerProcess("resources/equivalence_llm_judge", f"judge_model_server={judge.url}",
-                       "judge_deadline_s=4") as env:
+                       "check_twice_swap=true", "judge_deadline_s=4") as env:
         right = env.post("/verify", _equivalence_body("Darwin")).json()
         assert right["reward"] == 1.0 and right["extracted_answer"] == "Darwin"
         assert len(right["judge_evaluations"]) == 2
@@ -197,7 +197,7 @@ def test_judge_killed_mid_request_and_rate_limit() -> None:
         reply = result["reply"]
         assert reply["mask_sample"] is True and reply["failure_kind"] == "upstream"
     with _judge() as judge, ServerProcess("resources/equivalence_llm_judge", f"judge_model_server={judge.url}",
-                                          "judge_rate_per_s=0.1", "judge_deadline_s=2") as env, \
+                                          "check_twice_swap=true", "judge_rate_per_s=0.1", "judge_deadline_s=2") as env, \
             ServerProcess("resources/equivalence_llm_judge", f"judge_model_server={judge.url}", "check_twice_swap=false",
                           "judge_endpoint_max_concurrency=1", "judge_deadline_s=5", name="one_at_a_time") as serial:
         # one judge call at a time: the second question waits for the first (3 s), leaving it too little of
@@ -292,7 +292,7 @@ def test_judge_named_by_instance_is_resolved_through_the_head(tmp_path) -> None:
 
     stack = {"head": {"host": "127.0.0.1", "port": 0}, "servers": {
         "judge_model": {"kind": "models/stub", "rules": RULES},
-        "equivalence": {"kind": "resources/equivalence_llm_judge",
+        "equivalence": {"kind": "resources/equivalence_llm_judge", "check_twice_swap": True,
                         "judge_model_server": {"type": "responses_api_models", "name": "judge_model"}}}}
     (tmp_path / "stack.yaml").write_text(json.dumps(stack))
     key = "judge-test-key"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.generated_docs import table_between, write_between
+
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "nemo-gym-compat.md"
 START, END = "<!-- compat-proven:start -->", "<!-- compat-proven:end -->"
 
@@ -170,10 +172,8 @@ def render() -> str:
 
 
 def page_table(text: str) -> str:
-    return text.split(START, 1)[1].split(END, 1)[0].strip()
+    return table_between(text, START, END)
 
 
 def write_page() -> None:
-    text = PAGE.read_text()
-    head, rest = text.split(START, 1)
-    PAGE.write_text(f"{head}{START}\n{render()}\n{END}{rest.split(END, 1)[1]}")
+    write_between(PAGE, START, END, render())

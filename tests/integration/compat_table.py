@@ -6,6 +6,8 @@ from __future__ import annotations
 from importlib.metadata import version
 from pathlib import Path
 
+from tests.generated_docs import table_between, write_between
+
 from tests.integration.nemo_rl_excerpts import COMMIT
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "trainer-compat.md"
@@ -66,10 +68,8 @@ def render() -> str:
 
 
 def page_table(text: str) -> str:
-    return text.split(START, 1)[1].split(END, 1)[0].strip()
+    return table_between(text, START, END)
 
 
 def write_page() -> None:
-    text = PAGE.read_text()
-    head, rest = text.split(START, 1)
-    PAGE.write_text(f"{head}{START}\n{render()}\n{END}{rest.split(END, 1)[1]}")
+    write_between(PAGE, START, END, render())

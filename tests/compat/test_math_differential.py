@@ -35,7 +35,7 @@ def _data_dir(nemo) -> Path:
     return found
 
 
-def _generated(gold: str) -> list[tuple[str, bool]]:
+def generated_answers(gold: str) -> list[tuple[str, bool]]:
     """(response, whether it ends in a closed non-empty box: NeMo-Gym scores any other 0)."""
     return [
         (f"The answer is \\boxed{{{gold}}}.", True), (f"$\\boxed{{ {gold} }}$", True), ("\\boxed{-1}", True),
@@ -51,7 +51,7 @@ def test_rewards_equal_nemo_gyms_on_its_rows_and_recorded_responses(nemo, workdi
     bodies, boxed = [], []
     for row in rows:
         for response, closed in [(r, True) for r in recorded] + [(text_response(text), closed) for text, closed
-                                                                  in _generated(row["expected_answer"])]:
+                                                                  in generated_answers(row["expected_answer"])]:
             bodies.append({**row, "response": response})
             boxed.append(closed)
     theirs = nemo.python_json(NEMO_VERIFY, bodies, workdir)

@@ -14,7 +14,7 @@ import pytest
 
 from gymserve.testing import ServerProcess
 from tests.compat.nemo_gym import text_response
-from tests.compat.test_math_differential import _generated
+from tests.compat.test_math_differential import generated_answers
 from tests.contract.servers import start_all, stop_all
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -55,7 +55,7 @@ def _bodies(nemo) -> list[dict]:
     rows = [json.loads(line) for line in (data / "example.jsonl").read_text().splitlines()][:1]
     recorded = [json.loads(line)["response"] for line in (data / "example_rollouts.jsonl").read_text().splitlines()]
     return [{**row, "response": response} for row in rows for response in
-            recorded + [text_response(text) for text, boxed in _generated(row["expected_answer"]) if boxed]]
+            recorded + [text_response(text) for text, boxed in generated_answers(row["expected_answer"]) if boxed]]
 
 
 def test_judged_rewards_equal_nemo_gyms(nemo, workdir):

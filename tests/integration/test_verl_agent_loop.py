@@ -1,6 +1,6 @@
 """verl 0.9.1's agent-loop slot with gymserve agents (`trainer/adapters/verl_agent_loop.py`), on CPU:
-the loop is built the way verl's `AgentLoopWorker` builds one (its registry entry through
-`hydra.utils.instantiate`, verl's own `DictConfigWrap` config) and run on real servers behind a head.
+the loop is built the way verl's `AgentLoopWorker` builds one (the `agent_loop_config_path` entry a user
+writes, through `hydra.utils.instantiate`, with verl's own `DictConfigWrap` config) and run on real servers behind a head.
 A code row goes to `agents/simple_agent` with `models/hf` serving the tiny model taught to call
 `execute_python` (a two-call trajectory through the real sandbox): verl gets the stitched token ids,
 a response mask with the tool output's tokens at 0, the sampler's logprobs and the environment's
@@ -36,13 +36,14 @@ def verl():
         import hydra
         from omegaconf import OmegaConf
 
-        import trainer.adapters.verl_agent_loop  # noqa: F401  (registers gymserve_agent)
-        from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
+        from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
         def build(tokenizer):
             config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 1024, "response_length": 256}},
                                        "data": {}})
-            return hydra.utils.instantiate(config=_agent_loop_registry["gymserve_agent"],
+            # the entry a user lists in verl's agent_loop_config_path, as verl's worker instantiates it
+            entry = {"_target_": "trainer.adapters.verl_agent_loop.GymserveAgentLoop"}
+            return hydra.utils.instantiate(config=entry,
                                            trainer_config=DictConfigWrap(config=config), server_manager=None,
                                            tokenizer=tokenizer, processor=None, dataset_cls=None,
                                            data_config=DictConfigWrap(config.data))

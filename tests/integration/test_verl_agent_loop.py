@@ -1,6 +1,7 @@
 """verl 0.9.1's agent-loop slot with gymserve agents (`trainer/adapters/verl_agent_loop.py`), on CPU:
 the loop is built the way verl's `AgentLoopWorker` builds one (the `agent_loop_config_path` entry a user
-writes, through `hydra.utils.instantiate`, with verl's own `DictConfigWrap` config) and run on real servers behind a head.
+writes, through `hydra.utils.instantiate`, with verl's own `DictConfigWrap` config; in a Python process
+of its own, since hydra and math-verify need different antlr4 versions) and run on real servers behind a head.
 A code row goes to `agents/simple_agent` with `models/hf` serving the tiny model taught to call
 `execute_python` (a two-call trajectory through the real sandbox): verl gets the stitched token ids,
 a response mask with the tool output's tokens at 0, the sampler's logprobs and the environment's
@@ -11,6 +12,8 @@ Ray actor over vLLM/SGLang rollout servers (GPU), so the worker's own scheduling
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -28,28 +31,47 @@ CODE_ROW = json.loads((ROOT / "datasets" / "code" / "example.jsonl").read_text()
 CODE_ROW_TASK = CODE_ROW["responses_create_params"]["input"]
 
 
-@pytest.fixture(scope="module")
-def verl():
-    path = str(install(*VERL))
-    sys.path.insert(0, path)
+# verl's loop runs in a Python of its own: hydra (which verl imports) needs antlr4 4.9, and math-verify, which
+# other tests import into this process, loads antlr4 4.13 first
+DRIVER = """
+import asyncio, json, os, sys
+import hydra
+from transformers import AutoTokenizer
+from omegaconf import OmegaConf
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+spec = json.loads(sys.stdin.read())
+config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 1024, "response_length": 256}}, "data": {}})
+# the entry a user lists in verl's agent_loop_config_path, instantiated as verl's AgentLoopWorker does it
+entry = {"_target_": "trainer.adapters.verl_agent_loop.GymserveAgentLoop"}
+loop = hydra.utils.instantiate(config=entry, trainer_config=DictConfigWrap(config=config), server_manager=None,
+                               tokenizer=AutoTokenizer.from_pretrained(spec["model"]), processor=None,
+                               dataset_cls=None, data_config=DictConfigWrap(config.data))
+out = []
+for policy, row, params in spec["runs"]:
+    os.environ["GYMSERVE_VERL_ON_FAILURE"] = policy
     try:
-        import hydra
-        from omegaconf import OmegaConf
+        output = loop.loop.run_until_complete(loop.run(params, extra_info={"gym_row": row}))
+    except Exception as exc:
+        out.append({"raised": type(exc).__name__, "message": str(exc)})
+        continue
+    tensors = output.as_dict()  # verl's own conversion to its tensors
+    out.append({"num_turns": output.num_turns, "response_ids": output.response_ids, "mask": output.response_mask,
+                "logprobs": output.response_logprobs, "reward": output.reward_score, "extra": output.extra_fields,
+                "shapes": [list(tensors[k].shape) for k in ("responses", "response_mask", "rollout_log_probs")],
+                "rm_last": float(tensors["rm_scores"][-1])})
+print(json.dumps(out))
+"""
 
-        from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
-        def build(tokenizer):
-            config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 1024, "response_length": 256}},
-                                       "data": {}})
-            # the entry a user lists in verl's agent_loop_config_path, as verl's worker instantiates it
-            entry = {"_target_": "trainer.adapters.verl_agent_loop.GymserveAgentLoop"}
-            return hydra.utils.instantiate(config=entry,
-                                           trainer_config=DictConfigWrap(config=config), server_manager=None,
-                                           tokenizer=tokenizer, processor=None, dataset_cls=None,
-                                           data_config=DictConfigWrap(config.data))
-        yield build
-    finally:
-        sys.path.remove(path)
+def run_loops(head_url: str, model: Path, runs: list[tuple[str, dict, dict]]) -> list[dict]:
+    """Each (GYMSERVE_VERL_ON_FAILURE, gym row, sampling params) through verl's loop in a fresh Python."""
+    env = {**os.environ, "GYMSERVE_HEAD_URL": head_url,
+           "PYTHONPATH": os.pathsep.join([str(install(*VERL)), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps({"model": str(model), "runs": runs}),
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -74,46 +96,30 @@ def _code_row() -> dict:
     return {**CODE_ROW, "agent_ref": {"name": "code_simple_agent"}, "responses_create_params": params}
 
 
-def test_a_tool_calling_trajectory_reaches_verl_with_its_mask_logprobs_and_reward(verl, stack, monkeypatch):
-    from transformers import AutoTokenizer
-
+def test_a_tool_calling_trajectory_reaches_verl_with_its_mask_logprobs_and_reward(stack):
     head, model = stack
-    monkeypatch.setenv("GYMSERVE_HEAD_URL", head.url)
-    tokenizer = AutoTokenizer.from_pretrained(str(model))
-    loop = verl(tokenizer)
-    output = loop.loop.run_until_complete(loop.run({"temperature": 0.0}, extra_info={"gym_row": _code_row()},
-                                                   raw_prompt=CODE_ROW_TASK))
-    assert output.num_turns == 4  # user, the execute_python call, its output, the answer
-    mask = output.response_mask
-    assert len(output.response_ids) == len(mask) == len(output.response_logprobs)
+    [output] = run_loops(head.url, model, [("raise", _code_row(), {"temperature": 0.0})])
+    assert output["num_turns"] == 4  # user, the execute_python call, its output, the answer
+    mask, logprobs = output["mask"], output["logprobs"]
+    assert len(output["response_ids"]) == len(mask) == len(logprobs)
     # model tokens (1), then the tool output and template tokens (0), then the answer (1)
     runs = [mask[0]] + [b for a, b in zip(mask, mask[1:]) if a != b]
     assert runs == [1, 0, 1], runs
-    assert all(lp == 0.0 for lp, m in zip(output.response_logprobs, mask) if m == 0)
-    assert any(lp < 0.0 for lp, m in zip(output.response_logprobs, mask) if m == 1)
-    assert output.reward_score in (0.0, 1.0)
-    tensors = output.as_dict()  # verl's own conversion: prompts, responses, response_mask, rollout_log_probs, rm_scores
-    assert tensors["responses"].shape == tensors["response_mask"].shape == tensors["rollout_log_probs"].shape
-    assert float(tensors["rm_scores"][-1]) == output.reward_score
+    assert all(lp == 0.0 for lp, m in zip(logprobs, mask) if m == 0)
+    assert any(lp < 0.0 for lp, m in zip(logprobs, mask) if m == 1)
+    assert output["reward"] in (0.0, 1.0)
+    assert output["shapes"][0] == output["shapes"][1] == output["shapes"][2] == [len(mask)]
+    assert output["rm_last"] == output["reward"]
 
 
-def test_a_masked_rollout_fails_the_step_or_is_zero_with_nothing_to_train(verl, stack, monkeypatch):
-    from transformers import AutoTokenizer
-
-    from trainer.adapters.verl import VerifyFailed
-
+def test_a_masked_rollout_fails_the_step_or_is_zero_with_nothing_to_train(stack):
     head, model = stack
-    monkeypatch.setenv("GYMSERVE_HEAD_URL", head.url)
-    loop = verl(AutoTokenizer.from_pretrained(str(model)))
     row = {"agent_ref": {"name": "equivalence_llm_judge_simple_agent"}, "expected_answer": "Paris",
            "responses_create_params": {"input": [{"role": "user", "content": "Capital of France?"}]}}
-    monkeypatch.setenv("GYMSERVE_VERL_ON_FAILURE", "raise")
-    with pytest.raises(VerifyFailed, match="rollout failed"):
-        loop.loop.run_until_complete(loop.run({}, extra_info={"gym_row": row}))
-    monkeypatch.setenv("GYMSERVE_VERL_ON_FAILURE", "zero")
-    output = loop.loop.run_until_complete(loop.run({}, extra_info={"gym_row": row}))
-    assert output.reward_score == 0.0 and output.extra_fields["mask_sample"] == 1
-    assert set(output.response_mask) == {0}
-    # a row the agent rejects is the dataset's fault: it raises even with zero
-    with pytest.raises(VerifyFailed, match="bad_request"):
-        loop.loop.run_until_complete(loop.run({}, extra_info={"gym_row": {**row, "expected_answer": None}}))
+    raised, zero, rejected = run_loops(head.url, model, [
+        ("raise", row, {}), ("zero", row, {}),
+        ("zero", {**row, "expected_answer": None}, {})])  # a row the agent rejects: the dataset's fault
+    assert raised["raised"] == "VerifyFailed" and "rollout failed" in raised["message"]
+    assert zero["reward"] == 0.0 and zero["extra"]["mask_sample"] == 1
+    assert set(zero["mask"]) == {0}
+    assert rejected["raised"] == "VerifyFailed" and "bad_request" in rejected["message"]  # even with zero

@@ -10,7 +10,6 @@ the server runs without one, which is only allowed on a loopback address.
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 import signal
 import sys
@@ -53,7 +52,7 @@ def follow_the_parent() -> None:
 
 
 def main() -> int:
-    from gymserve.commands.serve import load_config
+    from gymserve.commands.serve import load_config, serve
 
     follow_the_parent()
     config = yaml.safe_load(os.environ.get(CONFIG_ENV) or "{}") or {}
@@ -67,11 +66,5 @@ def main() -> int:
         os.environ["GYMSERVE_NO_AUTH"] = "1"
     options = {k: v for k, v in block.items() if k not in NEMO_KEYS}
     module, server_config = load_config(kind, [], name=name, host=host, port=int(port) if port else None, spec=options)
-    import uvicorn
-
-    from services.core.serving import guarded_protocol
-
-    logging.getLogger("gymserve").info("%s (%s) started by NeMo-Gym on %s", name, kind, server_config.url)
-    uvicorn.run(module.build(server_config), host=server_config.host, port=server_config.port, log_level="warning",
-                access_log=False, http=guarded_protocol(server_config.header_timeout_s))
+    serve(module, server_config, kind=kind)
     return 0

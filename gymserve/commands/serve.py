@@ -38,20 +38,25 @@ def load_config(kind: str, overrides: list[str], *, name: str | None = None, hos
     return module, config
 
 
-def run(args: argparse.Namespace) -> int:
+def serve(module, config, *, log_level: str = "warning", kind: str = "") -> None:
+    """Run one built server in the foreground (its port: the config's, else a free one)."""
     import uvicorn
 
     from services.core.serving import guarded_protocol
 
+    if not config.port:
+        config.port = free_port(config.host)
+    app = module.build(config)
+    logging.getLogger("gymserve").info("%s (%s) listening on %s", config.name, kind or config.kind, config.url)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=log_level, access_log=False,
+                timeout_graceful_shutdown=10, timeout_keep_alive=30, http=guarded_protocol(config.header_timeout_s))
+
+
+def run(args: argparse.Namespace) -> int:
     stray = [a for a in getattr(args, "extra", []) if "=" not in a or a.startswith("-")]
     if stray:
         raise ConfigError(f"unrecognized arguments: {' '.join(stray)}")
     overrides = list(args.overrides) + [a for a in getattr(args, "extra", []) if a not in stray]
     module, config = load_config(args.kind, overrides, name=args.name, host=args.host, port=args.port)
-    if not config.port:
-        config.port = free_port(config.host)
-    app = module.build(config)
-    logging.getLogger("gymserve").info("%s (%s) listening on %s", config.name, args.kind, config.url)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=False,
-                timeout_graceful_shutdown=10, timeout_keep_alive=30, http=guarded_protocol(config.header_timeout_s))
+    serve(module, config, log_level=args.log_level, kind=args.kind)
     return 0

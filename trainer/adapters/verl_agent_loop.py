@@ -34,6 +34,17 @@ from .verl import VerifyFailed
 AGENT_NAME = "gymserve_agent"
 
 
+_clients: dict[str | None, RolloutClient] = {}
+
+
+def rollout_client(head_url: str | None) -> RolloutClient:
+    """One client per head for the process: verl builds a loop per sample, and every sample reuses this
+    client's connections and its directory of the head's servers (no per-sample set-up)."""
+    if head_url not in _clients:
+        _clients[head_url] = RolloutClient(head_url, concurrency=1024)
+    return _clients[head_url]
+
+
 def sampling_fields(sampling_params: dict[str, Any], response_length: int | None) -> dict[str, Any]:
     """verl's sampling params as Responses API fields."""
     fields = {key: sampling_params[key] for key in ("temperature", "top_p") if sampling_params.get(key) is not None}
@@ -57,8 +68,7 @@ class GymserveAgentLoop(AgentLoopBase):
         row["responses_create_params"] = {**row.get("responses_create_params", {}),
                                           **sampling_fields(sampling_params, self.response_length)}
         started = time.monotonic()
-        async with RolloutClient(os.environ.get("GYMSERVE_HEAD_URL"), concurrency=1) as client:
-            record = await client.run(row)
+        record = await rollout_client(os.environ.get("GYMSERVE_HEAD_URL")).run(row)
         elapsed = time.monotonic() - started
         if is_failure(record) or record.get("mask_sample"):
             return self._masked(row, record, elapsed)

@@ -6,12 +6,16 @@ whose registered URL is not reachable from here (a trainer outside a compose net
 called through the head's proxy instead, with no option to set (services/core/directory.py).
 Every rollout has one deadline covering all retries; only transport failures are
 retried. A rollout that fails is returned as a failure record (masked, with
-`failure_kind`/`failure_reason`), never as reward 0.
+`failure_kind`/`failure_reason`), never as reward 0. Rollouts run in GRPO groups (the rows of
+one task): a finished group whose environment defines its reward over the group is re-scored
+there (trainer/group_rewards.py), the one path `gymserve collect`, TRL's `rollout_func` and
+`gymserve train` share.
 """
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
 import threading
 import time
@@ -24,6 +28,7 @@ from services.core.directory import Directory
 from services.core.errors import UpstreamError
 from services.core.failures import FailureKind, as_kind
 
+from .group_rewards import GroupRewards
 from .tokens import policy_version
 
 DEFAULT_HEAD_URL = "http://127.0.0.1:11000"
@@ -70,6 +75,16 @@ def is_failure(record: dict[str, Any]) -> bool:
     return bool(record.get("mask_sample")) or record.get("reward") is None
 
 
+def group_rows(rows: list[dict[str, Any]]) -> list[list[int]]:
+    """Positions of `rows` by GRPO group: same agent and `_ng_task_index` (a row without one is alone)."""
+    groups: dict[Any, list[int]] = {}
+    for i, row in enumerate(rows):
+        task = row.get("_ng_task_index")
+        key = ("row", i) if task is None else ("task", agent_name(row), json.dumps(task, default=str))
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
 def expand_repeats(rows: Iterable[dict[str, Any]], repeats: int) -> list[dict[str, Any]]:
     """Each row `repeats` times, tagged `_ng_task_index` (row position) and `_ng_rollout_index`."""
     if repeats < 1:
@@ -101,6 +116,8 @@ class RolloutClient:
         self.retries = max(0, int(retries))
         self._semaphore: asyncio.Semaphore | None = None
         self._semaphore_loop: asyncio.AbstractEventLoop | None = None
+        self.groups = GroupRewards(self.directory, self.client, resolve_agent=self.resolve,
+                                   deadline_s=self.deadline_s, retries=self.retries)
 
     async def aclose(self) -> None:
         """Close the connection pool (when this client created it)."""
@@ -153,7 +170,35 @@ class RolloutClient:
         cancelled and masked as a `timeout`: one straggler cannot hold a training step hostage.
         """
         deadline_at = None if batch_deadline_s is None else time.monotonic() + batch_deadline_s
-        return list(await asyncio.gather(*(self.run_until(row, deadline_at) for row in rows)))
+        groups = group_rows(rows)
+        done = await asyncio.gather(*(self.run_group([rows[i] for i in members], deadline_at) for members in groups))
+        records: list[dict[str, Any]] = [{}] * len(rows)
+        for members, group_records in zip(groups, done):
+            for i, record in zip(members, group_records):
+                records[i] = record
+        return records
+
+    async def run_group(self, rows: list[dict[str, Any]], deadline_at: float | None = None) -> list[dict[str, Any]]:
+        """The rollouts of one GRPO group (rows of one task), re-scored together when their
+        environment defines its reward over the group."""
+        records = list(await asyncio.gather(*(self.run_until(row, deadline_at) for row in rows)))
+        name = agent_name(rows[0]) if rows else None
+        members = [k for k, record in enumerate(records) if not is_failure(record)]
+        if name is None or len(members) < 2:  # one rollout alone: the agent's verify is its group's verdict
+            return records
+        resource = await self.groups.group_server(name)
+        if resource is None:
+            return records
+        replies = await self.groups.rescore(name, resource, [rows[k] for k in members],
+                                            [records[k] for k in members], deadline_at)
+        for k, reply in zip(members, replies):
+            if isinstance(reply, dict):
+                records[k] = self._finish(rows[k], reply)
+            elif deadline_at is not None and time.monotonic() >= deadline_at:
+                records[k] = failure_record(rows[k], FailureKind.TIMEOUT, f"{BATCH_DEADLINE_REASON}: {reply}")
+            else:
+                records[k] = failure_record(rows[k], FailureKind.UPSTREAM, reply)
+        return records
 
     async def run_until(self, row: dict[str, Any], deadline_at: float | None) -> dict[str, Any]:
         """`run`, cancelled at `deadline_at` (a `time.monotonic()` value; None: no batch deadline)."""

@@ -7,7 +7,8 @@ reward, pass@k, failure counts) and `rollouts_report.html` (reward histogram and
 failures by kind per agent, readable without a server). `resume=True` skips (task, rollout) pairs already in
 OUT and retries the rest, including earlier failures. `batch_deadline_s` bounds the whole
 run: rollouts still running (or not started) when it passes are cancelled and recorded as
-`timeout` failures, counted in the metrics' `run.cut_by_batch_deadline`.
+`timeout` failures, counted in the metrics' `run.cut_by_batch_deadline`. Rollouts run and are
+written by GRPO group (a row's repeats), so an environment that scores groups sees the whole group.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Any, Callable
 
 from services.core.metrics_agg import aggregate_metrics
 
-from .client import RolloutClient, agent_name, cut_by_batch_deadline, expand_repeats, is_failure
+from .client import RolloutClient, agent_name, cut_by_batch_deadline, expand_repeats, group_rows, is_failure
 from .jsonl import JsonlAppender, read_complete_lines, read_rows
 from .report import write_report
 
@@ -113,9 +114,10 @@ async def collect(rows: list[dict[str, Any]], out: str | Path, *, client: Rollou
                          batch_deadline_s=batch_deadline_s)
     deadline_at = None if batch_deadline_s is None else stats.started_at + batch_deadline_s
     failures: list[dict[str, Any]] = []
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    for item in work:
-        queue.put_nowait(item)
+    # one queue entry per GRPO group (a task's repeats): an environment that scores groups needs them all
+    queue: asyncio.Queue[list[dict[str, Any]]] = asyncio.Queue()
+    for members in group_rows(work):
+        queue.put_nowait([work[i] for i in members])
 
     with JsonlAppender(out, truncate=not resume) as rollouts_file, \
             JsonlAppender(failures_path, truncate=True) as failures_file:
@@ -123,21 +125,21 @@ async def collect(rows: list[dict[str, Any]], out: str | Path, *, client: Rollou
         async def worker() -> None:
             while True:
                 try:
-                    item = queue.get_nowait()
+                    group = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                record = await client.run_until(item, deadline_at)
-                if is_failure(record):
-                    failures_file.write(record)
-                    failures.append(record)
-                else:
-                    rollouts_file.write(record)
-                    finished.append(record)
-                stats.add(record)
-                if on_record is not None:
-                    on_record(record, stats)
+                for record in await client.run_group(group, deadline_at):
+                    if is_failure(record):
+                        failures_file.write(record)
+                        failures.append(record)
+                    else:
+                        rollouts_file.write(record)
+                        finished.append(record)
+                    stats.add(record)
+                    if on_record is not None:
+                        on_record(record, stats)
 
-        workers = [asyncio.create_task(worker()) for _ in range(min(client.concurrency, max(1, len(work))))]
+        workers = [asyncio.create_task(worker()) for _ in range(min(client.concurrency, max(1, queue.qsize())))]
         try:
             await asyncio.gather(*workers)
         finally:

@@ -21,7 +21,9 @@ _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-en
 
 def create_agent_app(agent: Agent, *, description: str = "") -> FastAPI:
     config = agent.config
-    app = create_app(config, on_shutdown=[agent.drain], description=description)
+    # `/ready` names the resource server, so the trainer client can find where a group reward is computed
+    app = create_app(config, on_shutdown=[agent.drain], description=description,
+                     ready_details=lambda: {"resources_server": config.resources_server})
     metrics = app.state.metrics
     app.state.agent = agent
 

@@ -95,6 +95,11 @@ class Environment:
     # scores again the same; "unknown" (its default) otherwise, e.g. a verifier that asks a judge
     REVERIFY_MODES: ClassVar[tuple[str, ...]] = ("stateless", "unsupported", "unknown")
     reverify_mode: ClassVar[str] = "unknown"
+    # `GET /reward_scope`: "item" when `/verify` scores a rollout alone; "group" when the reward is
+    # defined over a GRPO group (e.g. pairwise comparisons), so the trainer client re-scores each
+    # finished group through `/verify/batch` (trainer/group_rewards.py)
+    REWARD_SCOPES: ClassVar[tuple[str, ...]] = ("item", "group")
+    reward_scope: ClassVar[str] = "item"
     example_answer: ClassVar[str] = ""
 
     def __init__(self, config: ResourceConfig) -> None:
@@ -414,6 +419,11 @@ def create_resource_app(env: Environment) -> FastAPI:
                                           summary="Whether recorded rollouts can be re-verified"))
     async def reverify_mode() -> str:
         return env.reverify_mode
+
+    @app.get("/reward_scope", **describe(reply={"type": "string", "enum": list(env.REWARD_SCOPES)},
+                                         summary="Whether the reward is defined per rollout or per GRPO group"))
+    async def reward_scope() -> str:
+        return env.reward_scope
 
     @app.post("/close_session", **describe(body=CloseSessionRequest, body_required=False, reply=CloseSessionReply,
                                            errors=(409,), parameters=[SESSION_HEADER], summary="Free a session"))

@@ -84,6 +84,7 @@ class GenRMCompare(JudgedEnvironment):
     description = "A judge model compares responses pairwise (both orders); wins become rewards."
     config: Config
     judge_fields = JUDGE_FIELDS
+    reward_scope = "group"  # the trainer client re-scores each GRPO group through /verify/batch
 
     async def compare(self, question: str, a: str, b: str) -> Evaluation:
         messages = self.template.messages(question=question, response_a=a, response_b=b)

@@ -162,14 +162,17 @@ class RolloutClient:
                 return failure_record(row, as_kind(exc.kind, FailureKind.UPSTREAM), str(exc))
         return self._finish(row, reply)
 
-    async def run_many(self, rows: list[dict[str, Any]], *,
-                       batch_deadline_s: float | None = None) -> list[dict[str, Any]]:
-        """Rollouts for `rows`, in order (concurrently up to the limit).
+    async def run_many(self, rows: list[dict[str, Any]], *, batch_deadline_s: float | None = None,
+                       group_rewards: bool = True) -> list[dict[str, Any]]:
+        """Rollouts for `rows`, in order (concurrently up to the limit), run and scored by GRPO group
+        (`group_rewards=False`: each keeps its agent's verdict, for a caller that re-scores later).
 
         With `batch_deadline_s`, a rollout not finished that many seconds after the call is
         cancelled and masked as a `timeout`: one straggler cannot hold a training step hostage.
         """
         deadline_at = None if batch_deadline_s is None else time.monotonic() + batch_deadline_s
+        if not group_rewards:
+            return list(await asyncio.gather(*(self.run_until(row, deadline_at) for row in rows)))
         groups = group_rows(rows)
         done = await asyncio.gather(*(self.run_group([rows[i] for i in members], deadline_at) for members in groups))
         records: list[dict[str, Any]] = [{}] * len(rows)
@@ -179,9 +182,29 @@ class RolloutClient:
         return records
 
     async def run_group(self, rows: list[dict[str, Any]], deadline_at: float | None = None) -> list[dict[str, Any]]:
-        """The rollouts of one GRPO group (rows of one task), re-scored together when their
-        environment defines its reward over the group."""
+        """The rollouts of one GRPO group (rows of one task), scored together when their environment
+        defines its reward over the group."""
         records = list(await asyncio.gather(*(self.run_until(row, deadline_at) for row in rows)))
+        return await self.score_group(rows, records, deadline_at)
+
+    async def rescore(self, rows: list[dict[str, Any]], records: list[dict[str, Any]],
+                      changed: Iterable[int]) -> list[dict[str, Any]]:
+        """`records` with every group that holds a changed position scored again (rollouts replaced
+        after the group was scored: stale samples rolled out again on newer weights)."""
+        out = list(records)
+        changed = set(changed)
+        for members in group_rows(rows):
+            if changed.intersection(members):
+                for i, record in zip(members, await self.score_group([rows[i] for i in members],
+                                                                     [out[i] for i in members])):
+                    out[i] = record
+        return out
+
+    async def score_group(self, rows: list[dict[str, Any]], records: list[dict[str, Any]],
+                          deadline_at: float | None = None) -> list[dict[str, Any]]:
+        """A finished group's records, re-scored by its environment when that defines a group
+        reward (trainer/group_rewards.py); otherwise as they are."""
+        records = list(records)
         name = agent_name(rows[0]) if rows else None
         members = [k for k, record in enumerate(records) if not is_failure(record)]
         if name is None or len(members) < 2:  # one rollout alone: the agent's verify is its group's verdict

@@ -139,8 +139,9 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
             index.add_dataset(getattr(trainer, "eval_dataset", None))
             state["indexed_trainer"] = True
 
-    def run_rows(todo_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return run_sync(lambda: client.run_many(todo_rows, batch_deadline_s=batch_deadline_s))
+    def run_rows(todo_rows: list[dict[str, Any]], group_rewards: bool = True) -> list[dict[str, Any]]:
+        return run_sync(lambda: client.run_many(todo_rows, batch_deadline_s=batch_deadline_s,
+                                                group_rewards=group_rewards))
 
     def prefetch(batch: list[dict[str, Any]], trainer: Any) -> bool:
         """Start the rollouts of an upcoming dataloader batch (items with a `prompt`)."""
@@ -172,8 +173,11 @@ def make_rollout_func(head_url: str | None, tokenizer: Any, *, rows: Iterable[di
             return results
         stale = [k for k, record in enumerate(results) if is_stale is not None and is_stale(trainer, record)]
         if stale:
-            for k, record in zip(stale, run_rows([todo[k][1] for k in stale])):
+            for k, record in zip(stale, run_rows([todo[k][1] for k in stale], group_rewards=False)):
                 results[k] = record
+            # a group reward compares the group's samples: score their groups again, with the new ones
+            rows_now, scored = [row for _, row in todo], results
+            results = run_sync(lambda: client.rescore(rows_now, scored, stale))
         if on_stats is not None:
             on_stats(trainer, {"prefetch_hit": 1.0, "stale_dropped": float(len(stale))})
         return results

@@ -20,7 +20,7 @@ from trainer.trl import make_rollout_func
 ORDER = ("BEST", "MID", "MEH", "WORST")
 # the policy: for a prompt tagged [T], one answer per rule in turn (`times: 1`)
 POLICY_RULES = [{"match": rf"\[{tag}\]", "times": 1, "text": text}
-                for tag, texts in {"G4": ORDER, "T4": ORDER, "FJ": ("F1", "F2", "F3", "F4"),
+                for tag, texts in {"G4": ORDER, "T4": ORDER, "LAG": ORDER, "FJ": ("F1", "F2", "F3", "F4"),
                                    "BL": ("MID", "MEH")}.items() for text in texts]
 POLICY_RULES += [{"match": r"2\+2", "text": "\\boxed{4}"}, {"match": r"3\+3", "text": "\\boxed{7}"}]
 # the judge: BEST beats all, WORST loses to all, MID wins when shown first, other pairs tie; two policy
@@ -133,3 +133,24 @@ def test_trl_rollout_func_scores_the_group(stack) -> None:
         run_sync(lambda: rollout.client.aclose())
     assert {_text(r): r["reward"] for r in seen} == SHARES
     assert all(r["genrm_questions"] == 6 for r in seen)
+
+
+@pytest.mark.timeout(300)
+def test_trl_stale_sample_rolled_out_again_is_scored_with_its_group(stack) -> None:
+    """Asynchronous rollouts: a prefetched sample judged stale is rolled out again (the policy, its
+    script spent, now says "42"); its group is scored again with it, not the new sample alone."""
+    prompt = [{"role": "user", "content": "Say something. [LAG]"}]
+    seen: list[dict] = []
+    rollout = make_rollout_func(stack.url, None, rows=[_row("genrm_agent", prompt[0]["content"],
+                                                            reference_response="REF")],
+                                on_records=seen.extend, max_policy_lag=1,
+                                is_stale=lambda _trainer, record: _text(record) == "MEH")
+    try:
+        assert rollout.prefetch([{"prompt": prompt}] * 4, None)
+        rollout([prompt] * 4, None)
+    finally:
+        rollout.queue.close()
+        run_sync(lambda: rollout.client.aclose())
+    # "42" takes MEH's place (against the reference alone it would get 0.5)
+    assert {_text(r): r["reward"] for r in seen} == {**{t: SHARES[t] for t in ("BEST", "MID", "WORST")},
+                                                     "42": SHARES["MEH"]}

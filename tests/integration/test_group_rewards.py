@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from contextlib import ExitStack
 
+import httpx
 import pytest
 
 from gymserve.testing import ServerProcess
@@ -22,6 +23,10 @@ ORDER = ("BEST", "MID", "MEH", "WORST")
 POLICY_RULES = [{"match": rf"\[{tag}\]", "times": 1, "text": text}
                 for tag, texts in {"G4": ORDER, "T4": ORDER, "LAG": ORDER, "FJ": ("F1", "F2", "F3", "F4"),
                                    "BL": ("MID", "MEH")}.items() for text in texts]
+# [PF]: the policy's first answer is an error (that rollout fails), then three answers
+POLICY_RULES += [{"match": r"\[PF\]", "times": 1, "status": 400, "error": "no"}]
+POLICY_RULES += [{"match": r"\[PF\]", "times": 1, "text": text} for text in ("BEST", "MID", "WORST")]
+POLICY_RULES += [{"match": r"\[ONE\]", "text": "MID"}]
 POLICY_RULES += [{"match": r"2\+2", "text": "\\boxed{4}"}, {"match": r"3\+3", "text": "\\boxed{7}"}]
 # the judge: BEST beats all, WORST loses to all, MID wins when shown first, other pairs tie; two policy
 # answers of the [FJ] prompt (no reference in the question) get an unparseable verdict
@@ -59,6 +64,14 @@ def stack():
         yield head
 
 
+def test_servers_declare_where_and_how_they_score(stack) -> None:
+    def get(name: str, path: str):
+        return httpx.get(f"{stack.url}/servers/{name}{path}", timeout=10).json()
+
+    assert get("genrm_agent", "/ready")["resources_server"] == "genrm"
+    assert get("genrm", "/reward_scope") == "group" and get("math", "/reward_scope") == "item"
+
+
 def _row(agent: str, prompt: str, **fields) -> dict:
     return {"responses_create_params": {"input": [{"role": "user", "content": prompt}]},
             "agent_ref": {"type": "responses_api_agents", "name": agent}, **fields}
@@ -81,9 +94,10 @@ def _text(record: dict) -> str:
 def test_collect_scores_a_group_pairwise_and_masks_failed_groups(stack, tmp_path) -> None:
     rows = [_row("genrm_agent", "Say something. [G4]", reference_response="REF"),
             _row("genrm_agent", "Say something. [FJ]", reference_response="REF"),
-            _row("genrm_small_agent", "Say something. [SM]", reference_response="REF")]
+            _row("genrm_small_agent", "Say something. [SM]", reference_response="REF"),
+            _row("genrm_agent", "Say something. [PF]", reference_response="REF")]
     done, failed = _collect(stack, rows, tmp_path, repeats=4)
-    scored = {_text(r): r for r in done}
+    scored = {_text(r): r for r in done if r["_ng_task_index"] == 0}
     assert set(scored) == set(ORDER), failed
     for text, share in SHARES.items():
         record = scored[text]
@@ -92,7 +106,7 @@ def test_collect_scores_a_group_pairwise_and_masks_failed_groups(stack, tmp_path
         assert record["genrm_questions"] == 6 and len(record["judge_evaluations"]) == 6
         assert record["genrm_points"] == POINTS[text] and record["group_id"] == "genrm_agent:0"
         assert record["_ng_task_index"] == 0 and record["num_turns"] == 1
-    by_task = {task: [r for r in failed if r["_ng_task_index"] == task] for task in (1, 2)}
+    by_task = {task: [r for r in failed if r["_ng_task_index"] == task] for task in (1, 2, 3)}
     # each [FJ] answer scored 0.5 against the reference, but the judge cannot decide a pair of them:
     # every item of the group reply is masked, so every sample is
     assert len(by_task[1]) == 4
@@ -105,6 +119,10 @@ def test_collect_scores_a_group_pairwise_and_masks_failed_groups(stack, tmp_path
         assert record["failure_kind"] == "upstream" and record["reward"] is None
         assert "genrm_small" in record["failure_reason"] and "max_batch_items" in record["failure_reason"]
         assert "genrm_points" not in record and "judge_evaluations" not in record  # the single verdict is gone
+    # a rollout that failed stays failed and is left out: the other three are compared (4 questions each)
+    assert len(by_task[3]) == 1 and by_task[3][0]["failure_kind"] == "bad_request"
+    rest = {_text(r): (r["reward"], r["genrm_questions"]) for r in done if r["_ng_task_index"] == 3}
+    assert rest == {"BEST": (1.0, 4), "MID": (0.5, 4), "WORST": (0.0, 4)}
 
 
 @pytest.mark.timeout(300)
@@ -119,6 +137,10 @@ def test_blend_leaves_math_rewards_alone(stack, tmp_path) -> None:
     assert not any("group_id" in r for r in done if r["agent_ref"]["name"] == "math_agent")
     genrm = {_text(r): r["reward"] for r in done if r["agent_ref"]["name"] == "genrm_agent"}
     assert genrm == {"MID": 0.75, "MEH": 0.25}  # against each other (against the reference: 0.75 and 0.5)
+    # a group of one keeps the agent's verdict: against the reference, 2 questions
+    (alone,), _ = _collect(stack, [_row("genrm_agent", "Say something. [ONE]", reference_response="REF")],
+                           tmp_path, repeats=1)
+    assert (alone["reward"], alone["genrm_questions"]) == (0.75, 2) and "group_id" not in alone
 
 
 @pytest.mark.timeout(300)

@@ -8,7 +8,8 @@ failures by kind per agent, readable without a server). `resume=True` skips (tas
 OUT and retries the rest, including earlier failures. `batch_deadline_s` bounds the whole
 run: rollouts still running (or not started) when it passes are cancelled and recorded as
 `timeout` failures, counted in the metrics' `run.cut_by_batch_deadline`. Rollouts run and are
-written by GRPO group (a row's repeats), so an environment that scores groups sees the whole group.
+written by GRPO group (a row's repeats), so an environment that scores groups sees the whole group;
+on resume such a group with a rollout still to run is run again whole.
 """
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ async def collect(rows: list[dict[str, Any]], out: str | Path, *, client: Rollou
     work = expand_repeats(rows, repeats)
     finished: list[dict[str, Any]] = []
     if resume:
-        finished = [r for r in read_complete_lines(out) if not is_failure(r)]
+        finished = await whole_groups([r for r in read_complete_lines(out) if not is_failure(r)], work, client, out)
         done_keys = {_key(r) for r in finished}
         work = [item for item in work if _key(item) not in done_keys]
     stats = CollectStats(total=len(work), skipped=len(expand_repeats(rows, repeats)) - len(work),
@@ -152,6 +153,24 @@ async def collect(rows: list[dict[str, Any]], out: str | Path, *, client: Rollou
             except Exception:  # the report is a convenience: the rollouts are already safe
                 log.exception("could not write %s", report_path)
     return stats
+
+
+async def whole_groups(finished: list[dict[str, Any]], work: list[dict[str, Any]], client: RolloutClient,
+                       out: Path) -> list[dict[str, Any]]:
+    """On resume, a group that an environment scores as a whole runs again as a whole: its finished
+    rollouts are dropped from OUT when another rollout of it is still to run (it failed or never ran)."""
+    done = {_key(r) for r in finished}
+    open_groups = {(agent_name(item), item.get("_ng_task_index")) for item in work if _key(item) not in done}
+    started = {(agent_name(r), r.get("_ng_task_index")) for r in finished} & open_groups
+    redo = {group for group in started if group[0] and await client.groups.group_server(group[0])}
+    if not redo:
+        return finished
+    kept = [r for r in finished if (agent_name(r), r.get("_ng_task_index")) not in redo]
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+    tmp.replace(out)
+    log.info("resume: %d partly finished group(s) of group-reward environments run again whole", len(redo))
+    return kept
 
 
 def write_metrics(path: Path, records: list[dict[str, Any]], stats: CollectStats) -> dict[str, Any]:

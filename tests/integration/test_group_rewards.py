@@ -11,7 +11,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from gymserve.testing import ServerProcess
+from gymserve.testing import ServerProcess, response_with_text
 from tests.integration._trainer_stack import wait_registered
 from trainer.client import RolloutClient, run_sync
 from trainer.collect import collect
@@ -21,7 +21,7 @@ from trainer.trl import make_rollout_func
 ORDER = ("BEST", "MID", "MEH", "WORST")
 # the policy: for a prompt tagged [T], one answer per rule in turn (`times: 1`)
 POLICY_RULES = [{"match": rf"\[{tag}\]", "times": 1, "text": text}
-                for tag, texts in {"G4": ORDER, "T4": ORDER, "LAG": ORDER, "FJ": ("F1", "F2", "F3", "F4"),
+                for tag, texts in {"G4": ORDER, "T4": ORDER, "LAG": ORDER, "RS": ORDER, "FJ": ("F1", "F2", "F3", "F4"),
                                    "BL": ("MID", "MEH")}.items() for text in texts]
 # [PF]: the policy's first answer is an error (that rollout fails), then three answers
 POLICY_RULES += [{"match": r"\[PF\]", "times": 1, "status": 400, "error": "no"}]
@@ -77,10 +77,11 @@ def _row(agent: str, prompt: str, **fields) -> dict:
             "agent_ref": {"type": "responses_api_agents", "name": agent}, **fields}
 
 
-def _collect(head: ServerProcess, rows: list[dict], tmp_path, repeats: int) -> tuple[list[dict], list[dict]]:
+def _collect(head: ServerProcess, rows: list[dict], tmp_path, repeats: int,
+             resume: bool = False) -> tuple[list[dict], list[dict]]:
     async def go() -> None:
         async with RolloutClient(head.url, concurrency=8, deadline_s=60) as client:
-            await collect(rows, tmp_path / "out.jsonl", client=client, repeats=repeats)
+            await collect(rows, tmp_path / "out.jsonl", client=client, repeats=repeats, resume=resume)
 
     run_sync(go, timeout=120)
     return read_rows(tmp_path / "out.jsonl"), read_rows(tmp_path / "out_failures.jsonl")
@@ -141,6 +142,24 @@ def test_blend_leaves_math_rewards_alone(stack, tmp_path) -> None:
     (alone,), _ = _collect(stack, [_row("genrm_agent", "Say something. [ONE]", reference_response="REF")],
                            tmp_path, repeats=1)
     assert (alone["reward"], alone["genrm_questions"]) == (0.75, 2) and "group_id" not in alone
+
+
+@pytest.mark.timeout(300)
+def test_resume_runs_a_partly_finished_group_again_whole(stack, tmp_path) -> None:
+    """A run stopped with 2 of a genrm group's 4 rollouts written (and 1 of a math row's 2): on
+    resume the genrm group runs again whole, the math rollout already written is kept."""
+    rows = [_row("genrm_agent", "Say something. [RS]", reference_response="REF"),
+            _row("math_agent", "What is 2+2?", expected_answer="4")]
+    earlier = [{**row, "_ng_task_index": task, "_ng_rollout_index": 0, "reward": 0.5, "mask_sample": False,
+                "response": response_with_text("OLD"), "earlier": True} for task, row in enumerate(rows)]
+    earlier.insert(1, {**earlier[0], "_ng_rollout_index": 1})
+    (tmp_path / "out.jsonl").write_text("".join(json.dumps(r) + "\n" for r in earlier))
+    done, failed = _collect(stack, rows, tmp_path, repeats=4, resume=True)
+    assert not failed
+    genrm = [r for r in done if r["_ng_task_index"] == 0]
+    assert {_text(r): r["reward"] for r in genrm} == SHARES and not any(r.get("earlier") for r in genrm)
+    math = sorted((r["_ng_rollout_index"], bool(r.get("earlier"))) for r in done if r["_ng_task_index"] == 1)
+    assert math == [(0, True), (1, False), (2, False), (3, False)]
 
 
 @pytest.mark.timeout(300)

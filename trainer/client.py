@@ -116,8 +116,7 @@ class RolloutClient:
         self.retries = max(0, int(retries))
         self._semaphore: asyncio.Semaphore | None = None
         self._semaphore_loop: asyncio.AbstractEventLoop | None = None
-        self.groups = GroupRewards(self.directory, self.client, resolve_agent=self.resolve,
-                                   deadline_s=self.deadline_s, retries=self.retries)
+        self.groups = GroupRewards(self.directory, self.client, deadline_s=self.deadline_s, retries=self.retries)
 
     async def aclose(self) -> None:
         """Close the connection pool (when this client created it)."""

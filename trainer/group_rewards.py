@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from services.core.client import ServiceClient
 from services.core.directory import Directory
@@ -40,11 +40,9 @@ def group_id_of(row: dict[str, Any], agent: str) -> Any:
 class GroupRewards:
     """Finds which agents' environments score groups, and re-scores finished groups there."""
 
-    def __init__(self, directory: Directory, client: ServiceClient, *, resolve_agent: Callable[[str], Awaitable[str]],
-                 deadline_s: float, retries: int) -> None:
+    def __init__(self, directory: Directory, client: ServiceClient, *, deadline_s: float, retries: int) -> None:
         self.directory = directory
         self.client = client
-        self.resolve_agent = resolve_agent
         self.deadline_s = deadline_s
         self.retries = retries
         self._scopes: dict[str, str | None] = {}  # agent -> its resource server when that scores groups
@@ -67,7 +65,7 @@ class GroupRewards:
         return self._scopes[agent]
 
     async def _lookup(self, agent: str) -> str | None:
-        ready = await self.client.request("GET", f"{await self.resolve_agent(agent)}/ready", deadline_s=10.0)
+        ready = await self.client.request("GET", f"{await self.directory.url(agent)}/ready", deadline_s=10.0)
         if ready.status_code == 404:  # not a gymserve agent: it does not say
             return None
         if ready.status_code != 200:

@@ -79,9 +79,9 @@ del _gym_read, _gym_limits
 # has none: the CPU argument is applied per case), wall clock and output cap; when it ends its
 # process group is killed (what survives it by leaving the group dies with the sandbox at the end
 # of the row). Per finished case one frame goes back on stdout (4-byte length, JSON {i, stdout,
-# stderr, exit_code, timed_out, output_exceeded, wall_s}). The runner is not dumpable, so no case
-# can reach its channel through /proc or ptrace; a case that kills it makes its own row a sandbox
-# failure.
+# stderr, exit_code, timed_out, output_exceeded, wall_s}). The runner is the sandbox's pid 1 (bwrap
+# --as-pid-1), so, as with one sandbox per test, a case's parent is pid 1 and ignores its signals,
+# and it is not dumpable, so no case can reach its channel through /proc or ptrace.
 BATCH = _LIMITS + r'''
 def _gym_batch():
     import ctypes, json, select, shutil, time
@@ -118,11 +118,19 @@ def _gym_batch():
     if nproc > 0:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     home = os.getcwd()
+    # pid 1 of the sandbox (bwrap --as-pid-1): the cases' parent, immune to their signals, and the
+    # reaper of whatever they leave; SIGCHLD wakes the loop
+    wake_r, wake_w = os.pipe()
+    for fd_ in (wake_r, wake_w):
+        os.set_blocking(fd_, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     running = {}  # pid -> the case's state
     index = 0
     more = True
     while more or running:
         poll = select.poll()
+        poll.register(wake_r, select.POLLIN)
         if more:
             poll.register(0, select.POLLIN)
         owner = {}
@@ -135,14 +143,16 @@ def _gym_batch():
             if case["feed"] is not None:
                 poll.register(case["feed"], select.POLLOUT)
                 owner[case["feed"]] = case
-            if case["pidfd"] is not None:
-                poll.register(case["pidfd"], select.POLLIN)
             left = max(0.0, case["start"] + wall - now)
             timeout = left if timeout is None else min(timeout, left)
-            if case["pidfd"] is None:
-                timeout = min(timeout, 0.02)
         for fd, _ in poll.poll(None if timeout is None else int(timeout * 1000) + 1):
-            if fd == 0 and more:
+            if fd == wake_r:
+                try:
+                    while os.read(wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+            elif fd == 0 and more:
                 source = frame(8)
                 stdin = source is not None and frame(8)
                 if source is None or stdin is None:
@@ -158,6 +168,8 @@ def _gym_batch():
                     try:
                         os.setpgid(0, 0)
                         prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGKILL should the runner go first
+                        signal.set_wakeup_fd(-1)
+                        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                         for old, new in ((r0, 0), (w1, 1), (w2, 2)):
                             os.dup2(old, new)
                         os.closerange(3, 2 ** 31 - 1)
@@ -176,13 +188,9 @@ def _gym_batch():
                     os.close(fd_)
                 for fd_ in (w0, r1, r2):
                     os.set_blocking(fd_, False)
-                try:
-                    pidfd = os.pidfd_open(pid)
-                except (AttributeError, OSError):
-                    pidfd = None
                 case = {"i": index, "pid": pid, "folder": folder, "start": time.monotonic(), "out": r1, "err": r2,
                         "bufs": {r1: bytearray(), r2: bytearray()}, "open": {r1, r2}, "feed": w0,
-                        "stdin": memoryview(stdin), "pidfd": pidfd, "over": False, "timed_out": False}
+                        "stdin": memoryview(stdin), "status": None, "over": False, "timed_out": False}
                 running[pid] = case
                 if not stdin:
                     os.close(w0)
@@ -203,18 +211,27 @@ def _gym_batch():
                         case["feed"] = None
                 elif fd in case["open"]:
                     _gym_drain(case, fd, cap, True)
+        while True:  # every exited child: the cases' own processes and what they left behind
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            if pid in running:
+                running[pid]["status"] = status
         for pid, case in list(running.items()):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done == 0 and not case["over"] and time.monotonic() - case["start"] < wall:
+            status = case["status"]
+            if status is None and not case["over"] and time.monotonic() - case["start"] < wall:
                 continue
-            if done == 0:
+            if status is None:
                 case["timed_out"] = not case["over"]
                 _gym_kill(case)
                 _, status = os.waitpid(pid, 0)
             _gym_kill(case)  # what the program left behind in its process group ends with it
             for fd_ in list(case["open"]):
                 _gym_drain(case, fd_, cap, False)
-            for fd_ in (case["out"], case["err"], case["feed"], case["pidfd"]):
+            for fd_ in (case["out"], case["err"], case["feed"]):
                 if fd_ is not None:
                     os.close(fd_)
             shutil.rmtree(case["folder"], ignore_errors=True)

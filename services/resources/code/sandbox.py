@@ -302,14 +302,14 @@ class Sandbox:
             await self.cgroup.close()
 
     # ---- commands ---------------------------------------------------------- #
-    def _bwrap_args(self, limits: Limits, status_fd: int, seccomp_fd: int | None) -> list[str]:
+    def _bwrap_args(self, limits: Limits, status_fd: int, seccomp_fd: int | None, as_pid_1: bool) -> list[str]:
         assert self.bwrap
         binds = [Bind(path, path) for path in self.python_binds] + self.package_binds
         # --disable-userns needs a /proc of the sandbox; without one the seccomp filter (which refuses
         # unshare/setns/clone with CLONE_NEW*) is what keeps nested namespaces out
         return bwrap_argv(self.bwrap, tmp_mb=limits.tmp_mb, binds=binds, proc=self.proc_mount,
                           disable_userns=self.proc_mount or self.seccomp_filter is None,
-                          seccomp_fd=seccomp_fd, status_fd=status_fd)
+                          seccomp_fd=seccomp_fd, status_fd=status_fd, as_pid_1=as_pid_1)
 
     async def spawn(self, script: str, limits: Limits) -> Spawned:
         """Start `python -I -S -c script <limits>` sandboxed, with piped stdio (the program comes on stdin)."""
@@ -339,7 +339,8 @@ class Sandbox:
             status_r, status_w = os.pipe()
             fds.append(status_w)
             os.set_blocking(status_r, False)
-            argv = unprivileged([*self._bwrap_args(limits, status_w, seccomp_fd), self.python, "-I", "-S", "-c",
+            argv = unprivileged([*self._bwrap_args(limits, status_w, seccomp_fd, script == runner.BATCH),
+                                 self.python, "-I", "-S", "-c",
                                  script, *argv_tail])
             if self.cgroup:
                 total_mb = limits.total_memory_mb or 2 * limits.memory_mb

@@ -74,7 +74,7 @@ del _gym_read, _gym_limits
 # interpreters) is paid once per row instead of once per test. Protocol on the runner's stdin: a
 # header (4-byte big-endian length, JSON {wall_s, output_bytes, nproc}), then per case an 8-byte
 # length + program source and an 8-byte length + the case's stdin, sent by the server when the case
-# may start; EOF after the last. Each case is a forked child in its own process group and its own
+# may start; EOF after the last. Each case is a forked child in its own session and its own
 # directory under /tmp, with its own stdin/stdout/stderr pipes, its own CPU rlimit (this process
 # has none: the CPU argument is applied per case), wall clock and output cap; when it ends its
 # process group is killed (what survives it by leaving the group dies with the sandbox at the end
@@ -84,7 +84,7 @@ del _gym_read, _gym_limits
 # and it is not dumpable, so no case can reach its channel through /proc or ptrace.
 BATCH = _LIMITS + r'''
 def _gym_batch():
-    import ctypes, json, select, shutil, time
+    import collections, ctypes, json, select, shutil, time
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     if prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
         raise OSError("prctl(PR_SET_DUMPABLE, 0) failed: the channel would be reachable from the cases")
@@ -126,9 +126,10 @@ def _gym_batch():
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     running = {}  # pid -> the case's state
+    waiting = collections.deque()  # (index, source, stdin) received, not started yet
     index = 0
     more = True
-    while more or running:
+    while more or running or waiting:
         poll = select.poll()
         poll.register(wake_r, select.POLLIN)
         if more:
@@ -145,6 +146,8 @@ def _gym_batch():
                 owner[case["feed"]] = case
             left = max(0.0, case["start"] + wall - now)
             timeout = left if timeout is None else min(timeout, left)
+        if waiting:
+            timeout = 0.05 if timeout is None else min(timeout, 0.05)
         for fd, _ in poll.poll(None if timeout is None else int(timeout * 1000) + 1):
             if fd == wake_r:
                 try:
@@ -158,43 +161,7 @@ def _gym_batch():
                 if source is None or stdin is None:
                     more = False
                     continue
-                folder = os.path.join(home, f"case-{index}")
-                os.mkdir(folder, 0o700)
-                r0, w0 = os.pipe()
-                r1, w1 = os.pipe()
-                r2, w2 = os.pipe()
-                pid = os.fork()
-                if pid == 0:
-                    try:
-                        os.setpgid(0, 0)
-                        prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGKILL should the runner go first
-                        signal.set_wakeup_fd(-1)
-                        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                        for old, new in ((r0, 0), (w1, 1), (w2, 2)):
-                            os.dup2(old, new)
-                        os.closerange(3, 2 ** 31 - 1)
-                        os.chdir(folder)
-                        if cpu > 0:
-                            resource.setrlimit(resource.RLIMIT_CPU, (max(1, cpu - 1), cpu))
-                        prctl(4, 1, 0, 0, 0)  # dumpable again: the program's own /proc/self is its own
-                        return source.decode("utf-8", "surrogatepass")
-                    except BaseException:
-                        os._exit(70)
-                try:
-                    os.setpgid(pid, pid)
-                except OSError:
-                    pass  # the child did it first
-                for fd_ in (r0, w1, w2):
-                    os.close(fd_)
-                for fd_ in (w0, r1, r2):
-                    os.set_blocking(fd_, False)
-                case = {"i": index, "pid": pid, "folder": folder, "start": time.monotonic(), "out": r1, "err": r2,
-                        "bufs": {r1: bytearray(), r2: bytearray()}, "open": {r1, r2}, "feed": w0,
-                        "stdin": memoryview(stdin), "status": None, "over": False, "timed_out": False}
-                running[pid] = case
-                if not stdin:
-                    os.close(w0)
-                    case["feed"] = None
+                waiting.append((index, source, stdin))
                 index += 1
                 del source, stdin
             elif fd in owner:
@@ -211,6 +178,49 @@ def _gym_batch():
                         case["feed"] = None
                 elif fd in case["open"]:
                     _gym_drain(case, fd, cap, True)
+        while waiting:  # start what was sent; a fork refused (process limit) is tried again shortly
+            folder = os.path.join(home, f"case-{waiting[0][0]}")
+            fds = []
+            try:
+                os.mkdir(folder, 0o700)
+                for _ in range(3):
+                    fds += os.pipe()
+                pid = os.fork()
+            except OSError:
+                for fd_ in fds:
+                    os.close(fd_)
+                shutil.rmtree(folder, ignore_errors=True)
+                break
+            r0, w0, r1, w1, r2, w2 = fds
+            i, source, stdin = waiting.popleft()
+            if pid == 0:
+                try:
+                    os.setsid()  # its own process group, and its own session (scheduler autogroup), as before
+                    prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGKILL should the runner go first
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    for old, new in ((r0, 0), (w1, 1), (w2, 2)):
+                        os.dup2(old, new)
+                    os.closerange(3, 2 ** 31 - 1)
+                    os.chdir(folder)
+                    if cpu > 0:
+                        resource.setrlimit(resource.RLIMIT_CPU, (max(1, cpu - 1), cpu))
+                    prctl(4, 1, 0, 0, 0)  # dumpable again: the program's own /proc/self is its own
+                    return source.decode("utf-8", "surrogatepass")
+                except BaseException:
+                    os._exit(70)
+            for fd_ in (r0, w1, w2):
+                os.close(fd_)
+            for fd_ in (w0, r1, r2):
+                os.set_blocking(fd_, False)
+            case = {"i": i, "pid": pid, "folder": folder, "start": time.monotonic(), "out": r1, "err": r2,
+                    "bufs": {r1: bytearray(), r2: bytearray()}, "open": {r1, r2}, "feed": w0,
+                    "stdin": memoryview(stdin), "status": None, "over": False, "timed_out": False}
+            running[pid] = case
+            if not stdin:
+                os.close(w0)
+                case["feed"] = None
+            del source, stdin
         while True:  # every exited child: the cases' own processes and what they left behind
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -390,7 +400,7 @@ class _GymSupervisor:
                 for fd in self.files:
                     os.close(fd)
                 if not self.freeze_all:
-                    os.setpgid(0, 0)
+                    os.setsid()  # its own process group, and its own session (scheduler autogroup), as before
                 _gym_dumpable(1)
                 _gym_worker(theirs, theirs, limit)
             finally:

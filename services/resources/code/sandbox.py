@@ -493,7 +493,9 @@ class Sandbox:
         results: list[ExecResult | None] = [None] * len(cases)
         held: dict[int, tuple[float, int]] = {}  # case -> (answer deadline, OOM kills when it started)
         refused: list[Exception] = []
-        grace = 5.0
+        # a test may wait up to a wall clock for its process (a fork bomb of another test of the row
+        # holds the process limit until its own wall clock ends), then runs for up to one
+        grace = 2 * limits.wall_s + 5.0
 
         def ooms() -> int:
             return Cgroups.oom_kills(spawned.cgroup) if spawned.cgroup else 0
@@ -508,7 +510,7 @@ class Sandbox:
                 except Exception as exc:  # refused admission (overload): the caller's to answer
                     refused.append(exc)
                     return
-                held[i] = (time.monotonic() + limits.wall_s + grace, ooms())
+                held[i] = (time.monotonic() + grace, ooms())
                 code = program.encode("utf-8", "surrogatepass")
                 stdin_w.write(len(code).to_bytes(8, "big") + code + len(stdin).to_bytes(8, "big") + stdin)
                 await stdin_w.drain()
@@ -546,7 +548,7 @@ class Sandbox:
                     problem = f"could not send the tests to the sandbox ({writer.exception()!r})"
                     break
                 if held and min(d for d, _ in held.values()) <= time.monotonic():
-                    problem = f"the sandbox did not answer within {limits.wall_s + grace:.0f} s of starting a test"
+                    problem = f"the sandbox did not answer within {grace:.0f} s of starting a test"
                     break
             failure = reader.exception() if problem is None else None
             if failure is not None:

@@ -239,3 +239,41 @@ def test_each_test_of_a_row_has_its_own_directory(server):
     tests = [{"input": f"{i}\n", "output": "fresh\n"} for i in range(8)]
     reply = server.post("/verify", verify_body(f"```python\n{program}\n```", tests=tests)).json()
     assert reply["tests_passed"] == 8, reply["test_results"]
+
+
+async def test_a_row_whose_sandbox_dies_is_a_sandbox_failure():
+    """The whole sandbox killed from outside between two tests (as an OOM kill of the sandbox or a
+    crash of bwrap would): SandboxError, which the server answers as a masked `sandbox` failure."""
+    import asyncio
+
+    from services.resources.code.sandbox import Limits, Sandbox, SandboxError, Spawned
+
+    class Recording(Sandbox):
+        async def spawn(self, script: str, limits: Limits) -> Spawned:
+            self.last = await super().spawn(script, limits)
+            return self.last
+
+    class KillSecond:
+        def __init__(self, kill: bool) -> None:
+            self.kill = kill
+            self.admitted = 0
+
+        async def acquire(self) -> None:
+            self.admitted += 1
+            if self.kill and self.admitted == 2:
+                await asyncio.sleep(0.5)
+                box.kill(box.last)
+
+        def release(self) -> None:
+            pass
+
+    box = Recording("bwrap")
+    await box.start()
+    try:
+        program = "print(int(input()) * 2)"
+        results = await box.run_batch([(program, b"1\n"), (program, b"2\n")], Limits(wall_s=10), 1, KillSecond(False))
+        assert [r.stdout for r in results] == ["2\n", "4\n"]  # the runner works; now kill it mid-row
+        with pytest.raises(SandboxError, match="sandbox failed"):
+            await box.run_batch([(program, b"1\n"), (program, b"2\n")], Limits(wall_s=10), 1, KillSecond(True))
+    finally:
+        await box.close()

@@ -460,7 +460,6 @@ class Sandbox:
             result.exit_code = None
         return result
 
-
     # ---- one sandbox per row ------------------------------------------------ #
     async def run_batch(self, cases: Sequence[tuple[str, bytes]], limits: Limits, parallel: int,
                         slot: Slot) -> list[ExecResult]:
@@ -575,6 +574,7 @@ class Sandbox:
                 raise _FreshSandboxFailed(message)
             raise SandboxError(message)
         return [r for r in results if r is not None]
+
 
 class WarmPool:
     """Pre-started sandboxes (one-shot or batch runner) blocked on reading their program from stdin.

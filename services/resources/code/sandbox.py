@@ -1,7 +1,9 @@
 """Runs untrusted Python in a bubblewrap sandbox, asynchronously, with hard limits.
 
-Each execution is `bwrap ... python -I -S -c RUNNER limits...` (runner.py), the bwrap command line
-from services/core/sandbox/bwrap.py (what it promises is listed there and in docs/security-sandbox.md):
+Each execution is `bwrap ... python -I -S -c RUNNER limits...` (runner.py): one program (`run`), or
+all the tests of one /verify row (`run_batch`: starting a sandbox costs far more than running a test
+in it), with the bwrap command line from services/core/sandbox/bwrap.py (what it promises is listed
+there and in docs/security-sandbox.md):
 - never root outside: as root, bwrap is started as uid 65534 (cgroups joined first), so the user
   namespace maps the sandbox user onto 65534; the start-up probe refuses to serve otherwise, or
   when a global sysctl opens for writing inside;

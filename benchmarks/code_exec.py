@@ -1,14 +1,16 @@
 """Sandboxed executions/s of a trivial program at concurrency 8, and the sandbox's per-execution
 overhead over a plain subprocess, as ratios measured in one run.
 
-    .venv/bin/python benchmarks/code_exec.py [--concurrency 8] [--runs 200] [--no-http]
+    .venv/bin/python benchmarks/code_exec.py [--concurrency 8] [--runs 200] [--row-tests 16] [--no-http]
 
 Measures with the same interpreter, same program (`print(int(input()) + 1)`), same asyncio pipes:
 (a) a plain `python -I -S -c ...` subprocess (no isolation at all: the floor),
 (b) `Sandbox.run` cold (bubblewrap, namespaces, seccomp, rlimits, cgroups when root, started per run),
 (c) `Sandbox.run` warm (a pre-started sandbox takes the program; the server's default),
 each sequentially (latency) and at the given concurrency (throughput), interleaved; then (d) `/verify`
-on a real `resources/code` server (one stdin/stdout test per request) at the same concurrency.
+on a real `resources/code` server at the same concurrency, with one stdin/stdout test per request and
+with `--row-tests` per request (a row's tests share one sandbox: test executions/s is the figure).
+Started from another checkout's directory, (d) measures that checkout's server.
 """
 from __future__ import annotations
 
@@ -72,8 +74,9 @@ async def measure(fns: dict[str, Callable[[], Awaitable[None]]], runs: int, conc
     return {name: (statistics.median(latencies[name]) * 1000, per_round * rounds / busy[name]) for name in fns}
 
 
-async def http_rate(runs: int, concurrency: int) -> float:
-    body = verify_body(f"```python\n{PROGRAM}\n```", tests=[{"input": "41\n", "output": "42"}])
+async def http_rate(runs: int, concurrency: int, tests: int = 1) -> float:
+    """/verify requests/s, each a row of `tests` identical tests."""
+    body = verify_body(f"```python\n{PROGRAM}\n```", tests=[{"input": "41\n", "output": "42"}] * tests)
     with ServerProcess("resources/code", f"max_concurrency={concurrency}") as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
             todo = iter(range(runs))
@@ -91,6 +94,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--row-tests", type=int, default=16, help="tests per row of the second /verify run")
     parser.add_argument("--no-http", action="store_true", help="skip the /verify measurement")
     args = parser.parse_args()
     sandbox = Sandbox()
@@ -117,6 +121,11 @@ async def main() -> None:
         rate = await http_rate(args.runs, args.concurrency)
         print(f"/verify (1 test) : {rate:7.1f} req/s at concurrency {args.concurrency} "
               f"({rate / warm_rate:.2f}x the bare warm sandbox rate)")
+        rows = max(args.concurrency, args.runs // args.row_tests)
+        rate = await http_rate(rows, args.concurrency, args.row_tests)
+        print(f"/verify ({args.row_tests} tests): {rate:7.1f} req/s at concurrency {args.concurrency} = "
+              f"{rate * args.row_tests:.1f} test executions/s ({rate * args.row_tests / warm_rate:.2f}x the bare "
+              "warm sandbox rate)")
 
 
 if __name__ == "__main__":

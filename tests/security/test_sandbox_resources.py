@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from gymserve.testing import verify_body
 from tests.security.code_sandbox import PRESTART, TIMEOUT_S, assert_healthy, run, server  # noqa: F401
 
 
@@ -170,3 +171,109 @@ def test_sandbox_starts_under_uvloop_without_a_cgroup():
     assert stdout.strip() == "65534"
     if os.geteuid() == 0:
         assert "uid 65534" in described["process_limit"], described
+
+
+# ---- one sandbox per row: a test that misbehaves costs only its own result ---------------------- #
+ROW_PROGRAM = ("import os, sys, time\n"
+               "mode = input()\n"
+               "if mode == 'loop':\n"
+               "    while True:\n"
+               "        pass\n"
+               "elif mode == 'crash':\n"
+               "    raise RuntimeError('boom')\n"
+               "elif mode == 'flood':\n"
+               "    sys.stdout.write('x' * (10 << 20))\n"
+               "elif mode == 'bomb':\n"
+               "    while True:\n"
+               "        try:\n"
+               "            os.fork()\n"
+               "        except OSError:\n"
+               "            pass\n"
+               "elif mode == 'daemon':\n"
+               "    if os.fork() == 0:\n"
+               "        os.setsid()\n"
+               "        time.sleep(10 ** 6)\n"
+               "    print('daemon left')\n"
+               "else:\n"
+               "    print(int(mode) * 2)\n")
+
+
+def _row(server, modes: list[str]) -> dict:
+    """/verify of ROW_PROGRAM on one row, a test per mode (a number n expects 2n, the rest expect 'ok')."""
+    tests = [{"input": f"{m}\n", "output": f"{int(m) * 2}\n" if m.isdigit() else "ok\n"} for m in modes]
+    reply = server.post("/verify", verify_body(f"```python\n{ROW_PROGRAM}\n```", tests=tests))
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["mask_sample"] is False, body.get("failure_reason")
+    return body
+
+
+@pytest.mark.timeout(2 * TIMEOUT_S + 60)
+def test_a_looping_crashing_or_flooding_test_fails_alone_in_its_rows_sandbox(server):
+    body = _row(server, ["1", "loop", "2", "crash", "3", "flood", "4"])
+    kinds = [r["failure_kind"] for r in body["test_results"]]
+    assert kinds == [None, "timeout", None, "runtime_error", None, "output_limit", None], body["test_results"]
+    assert body["tests_passed"] == 4 and body["reward"] == pytest.approx(4 / 7)
+    looping = body["test_results"][1]
+    assert looping["exit_code"] is None and looping["time_s"] >= TIMEOUT_S  # the server's own per-test deadline
+    assert "RuntimeError: boom" in body["test_results"][3]["stderr"]
+    assert_healthy(server)
+
+
+@pytest.mark.timeout(2 * TIMEOUT_S + 60)
+def test_a_fork_bomb_or_a_daemon_in_one_test_leaves_the_others_passing(server):
+    body = _row(server, ["1", "bomb", "2", "3", "daemon", "4", "5"])
+    kinds = [r["failure_kind"] for r in body["test_results"]]
+    # the daemon's test fails only on its output ('daemon left', not 'ok'); its sleeper dies with the row
+    assert kinds == [None, "timeout", None, None, "wrong_answer", None, None], body["test_results"]
+    assert body["tests_passed"] == 5
+    assert_healthy(server)
+    assert _wait_no_leftovers(server) == []
+
+
+def test_each_test_of_a_row_has_its_own_directory(server):
+    program = ("import os\n"
+               "seen = os.path.exists('mark')\n"
+               "open('mark', 'w').write(input())\n"
+               "print('fresh' if not seen and os.listdir('.') == ['mark'] else 'shared')\n")
+    tests = [{"input": f"{i}\n", "output": "fresh\n"} for i in range(8)]
+    reply = server.post("/verify", verify_body(f"```python\n{program}\n```", tests=tests)).json()
+    assert reply["tests_passed"] == 8, reply["test_results"]
+
+
+async def test_a_row_whose_sandbox_dies_is_a_sandbox_failure():
+    """The whole sandbox killed from outside between two tests (as an OOM kill of the sandbox or a
+    crash of bwrap would): SandboxError, which the server answers as a masked `sandbox` failure."""
+    import asyncio
+
+    from services.resources.code.sandbox import Limits, Sandbox, SandboxError, Spawned
+
+    class Recording(Sandbox):
+        async def spawn(self, script: str, limits: Limits) -> Spawned:
+            self.last = await super().spawn(script, limits)
+            return self.last
+
+    class KillSecond:
+        def __init__(self, kill: bool) -> None:
+            self.kill = kill
+            self.admitted = 0
+
+        async def acquire(self) -> None:
+            self.admitted += 1
+            if self.kill and self.admitted == 2:
+                await asyncio.sleep(0.5)
+                box.kill(box.last)
+
+        def release(self) -> None:
+            pass
+
+    box = Recording("bwrap")
+    await box.start()
+    try:
+        program = "print(int(input()) * 2)"
+        results = await box.run_batch([(program, b"1\n"), (program, b"2\n")], Limits(wall_s=10), 1, KillSecond(False))
+        assert [r.stdout for r in results] == ["2\n", "4\n"]  # the runner works; now kill it mid-row
+        with pytest.raises(SandboxError, match="sandbox failed"):
+            await box.run_batch([(program, b"1\n"), (program, b"2\n")], Limits(wall_s=10), 1, KillSecond(True))
+    finally:
+        await box.close()

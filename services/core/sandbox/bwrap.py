@@ -53,18 +53,20 @@ def shm_mb(tmp_mb: int) -> int:
 
 def bwrap_argv(bwrap: str, *, tmp_mb: int, binds: Sequence[Bind] = (), env: Mapping[str, str] | None = None,
                proc: bool = True, disable_userns: bool = True, seccomp_fd: int | None = None,
-               status_fd: int | None = None, chdir: str = "/tmp", hostname: str = "sandbox") -> list[str]:
+               status_fd: int | None = None, chdir: str = "/tmp", hostname: str = "sandbox",
+               as_pid_1: bool = False) -> list[str]:
     """The bwrap argv (without the command) for a sandbox with these binds and a `tmp_mb` writable budget.
 
     `env` replaces the whole environment (default PATH, HOME=/tmp, LANG). `proc=False` mounts no
     /proc (container runtimes that mask /proc paths forbid a fresh one); then only a seccomp filter
     keeps nested namespaces out, so pass `disable_userns=False` only together with `seccomp_fd`.
-    Start the result through `unprivileged()` when this process may be root.
+    Start the result through `unprivileged()` when this process may be root. `as_pid_1`: the command
+    is the pid namespace's init itself (it must reap), so what it starts cannot signal it.
     """
     env = dict(env) if env is not None else {"PATH": INSIDE_PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}
     shm = shm_mb(tmp_mb)
     args = [bwrap, "--unshare-all", "--unshare-user", *(["--disable-userns"] if disable_userns else []),
-            "--die-with-parent", "--new-session", "--clearenv"]
+            *(["--as-pid-1"] if as_pid_1 else []), "--die-with-parent", "--new-session", "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
     args += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", hostname, "--ro-bind", "/usr", "/usr"]

@@ -7,7 +7,9 @@ limits: see sandbox.py and this folder's README.md (section "Sandbox").
 
 Why no core WorkerPool here: every execution already is its own killable process with a
 hard wall clock, driven by asyncio subprocess pipes; a pool worker would only be a
-middleman. Concurrency is bounded by a semaphore and a bounded wait queue instead.
+middleman. Concurrency is bounded by a semaphore and a bounded wait queue instead: one
+for the sandboxes (a `/verify` row's, all its tests in one; an execute_python call's) and
+one for the test runs inside them.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from services.core.schemas import VerifyReply, VerifyRequest
 from . import nemo_rows
 from . import verify as judge
 from .repl import Repl
-from .sandbox import ExecResult, Limits, Sandbox, SandboxError
+from .sandbox import Limits, Sandbox, SandboxError
 
 log = logging.getLogger("gymserve.code")
 
@@ -51,10 +53,13 @@ class Config(ResourceConfig):
     tmp_mb: int = Field(64, ge=1, description="size of the sandbox's private /tmp")
     max_processes: int = Field(32, ge=1, description="processes/threads one run may have")
     max_output_bytes: int = Field(65536, ge=1024, description="stdout/stderr cut (and the run killed) beyond this")
-    max_concurrency: int = Field(0, ge=0, description="sandboxes running at once; 0 = 2 x CPU cores")
-    max_pending: int = Field(512, ge=0, description="executions waiting for a slot; beyond this: 503")
+    max_concurrency: int = Field(0, ge=0, description="sandboxes, and test runs in them, running at once; "
+                                                      "0 = 2 x CPU cores")
+    max_pending: int = Field(512, ge=0, description="rows (or execute_python calls) waiting for a sandbox; "
+                                                    "beyond this: 503")
     prestart: int = Field(4, ge=0, description="sandboxes kept started and waiting for a program (0 = none)")
-    tests_parallel: int = Field(4, ge=1, description="tests of one program run in parallel up to this")
+    tests_parallel: int = Field(4, ge=1, description="tests of one program run in parallel (in its one "
+                                                     "sandbox) up to this")
     max_tests: int = Field(256, ge=1, description="largest test list accepted")
     reward_mode: Literal["fraction", "all"] = Field("fraction", description="fraction of tests passed, or 1/0")
     repl_timeout_s: float = Field(10.0, gt=0, le=600, description="wall-clock limit of one execute_python call")
@@ -74,7 +79,7 @@ class Gate:
         self.pending = pending
         self.waiting = 0
 
-    async def __aenter__(self) -> None:
+    async def acquire(self) -> None:
         if self.sem.locked() and self.waiting >= self.pending:
             raise Unavailable(f"code sandbox overloaded: {self.limit} running and {self.waiting} queued "
                               f"(max_pending={self.pending}); retry later")
@@ -84,8 +89,34 @@ class Gate:
         finally:
             self.waiting -= 1
 
-    async def __aexit__(self, *exc: Any) -> None:
+    def release(self) -> None:
         self.sem.release()
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class Lanes:
+    """Admission of one row's test runs: at most `parallel` of the row at once, and a slot of the shared gate."""
+
+    def __init__(self, parallel: int, gate: Gate) -> None:
+        self.lane = asyncio.Semaphore(parallel)
+        self.gate = gate
+
+    async def acquire(self) -> None:
+        await self.lane.acquire()
+        try:
+            await self.gate.acquire()
+        except BaseException:
+            self.lane.release()
+            raise
+
+    def release(self) -> None:
+        self.gate.release()
+        self.lane.release()
 
 
 class CodeRequest(VerifyRequest):
@@ -116,7 +147,9 @@ class CodeEnv(Environment):
         super().__init__(config)
         self.sandbox = Sandbox(config.sandbox, bwrap=config.bwrap_path, seccomp=config.seccomp,
                                pids_cgroup=config.pids_cgroup)
-        self.gate = Gate(config.max_concurrency or 2 * (os.cpu_count() or 1), config.max_pending)
+        limit = config.max_concurrency or 2 * (os.cpu_count() or 1)
+        self.gate = Gate(limit, config.max_pending)  # test runs and execute_python calls
+        self.rows = Gate(limit, config.max_pending)  # /verify rows, one sandbox each
         self.test_limits = Limits(
             wall_s=config.timeout_s, cpu_s=config.cpu_s or config.timeout_s, memory_mb=config.memory_mb,
             file_mb=config.file_mb, processes=config.max_processes, output_bytes=config.max_output_bytes,
@@ -133,7 +166,7 @@ class CodeEnv(Environment):
         except SandboxError as exc:
             log.error("refusing to start: %s", exc)
             raise SystemExit(f"resources/code: {exc}") from None
-        await self.sandbox.prestart(self.test_limits, self.config.prestart)
+        await self.sandbox.prestart(self.test_limits, self.config.prestart, parallel=self.config.tests_parallel)
         log.info("code sandbox: %s", self.sandbox.describe())
 
     async def shutdown(self) -> None:
@@ -144,10 +177,6 @@ class CodeEnv(Environment):
         return self.sandbox.describe()
 
     # ---- verification -------------------------------------------------------- #
-    async def run(self, program: str, stdin: str, limits: Limits) -> ExecResult:
-        async with self.gate:
-            return await self.sandbox.run(program, stdin.encode("utf-8", "surrogatepass"), limits)
-
     async def verify(self, request: VerifyRequest, session: Session | None) -> VerifyReply:
         row = request.model_extra or {}
         if nemo_rows.is_nemo_row(row):
@@ -170,18 +199,16 @@ class CodeEnv(Environment):
 
     async def run_cases(self, request: VerifyRequest, cases: list[judge.Case], mode: str,
                     match: Callable[[str, str], bool] = judge.outputs_match) -> VerifyReply:
-        lane = asyncio.Semaphore(self.config.tests_parallel)
-
-        async def one(case: judge.Case) -> ExecResult:
-            async with lane:
-                return await self.run(case.program, case.stdin, self.test_limits)
-
-        results = await asyncio.gather(*(one(c) for c in cases))
+        """All the row's tests in one sandbox, up to tests_parallel at once (runner.BATCH)."""
         extra: dict[str, Any] = {"sandbox": self.sandbox.mode}
-        broken = next((r.sandbox_error for r in results if r.sandbox_error), None)
-        if broken:
-            log.error("sandbox failure during verify: %s", broken)
-            return failed_reply(request, FailureKind.SANDBOX, broken, tests_total=len(cases), **extra)
+        runs = [(c.program, c.stdin.encode("utf-8", "surrogatepass")) for c in cases]
+        async with self.rows:
+            try:
+                results = await self.sandbox.run_batch(runs, self.test_limits, self.config.tests_parallel,
+                                                       Lanes(self.config.tests_parallel, self.gate))
+            except SandboxError as exc:
+                log.error("sandbox failure during verify: %s", exc)
+                return failed_reply(request, FailureKind.SANDBOX, str(exc), tests_total=len(cases), **extra)
         outcomes = [judge.classify(c, r, self.test_limits.cpu_s, match) for c, r in zip(cases, results)]
         passed = sum(1 for o in outcomes if o["passed"])
         return scored_reply(request, judge.reward(outcomes, mode), tests_passed=passed,

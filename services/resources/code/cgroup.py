@@ -120,19 +120,12 @@ class Cgroups:
         leaf = uuid.uuid4().hex[:16]
         paths: list[Path] = []
         try:
-            for controller, parent in self.parents.items():
+            for parent in self.parents.values():
                 path = parent / leaf
                 if path not in paths:
                     path.mkdir()
                     paths.append(path)
-                if controller == "pids":
-                    (path / "pids.max").write_text(str(max_pids))
-                elif (path / "memory.max").exists():
-                    (path / "memory.max").write_text(str(memory_bytes))
-                    with contextlib.suppress(OSError):
-                        (path / "memory.swap.max").write_text("0")
-                else:
-                    (path / "memory.limit_in_bytes").write_text(str(memory_bytes))
+            self.limit(paths, max_pids, memory_bytes)
             return paths
         except OSError:
             for path in paths:
@@ -140,17 +133,36 @@ class Cgroups:
                     path.rmdir()
             raise
 
+    def limit(self, paths: list[Path], max_pids: int, memory_bytes: int) -> None:
+        """(Re)write the limits of one execution's cgroups (a pre-started sandbox gets its row's)."""
+        for controller, parent in self.parents.items():
+            path = next(p for p in paths if p.parent == parent)
+            if controller == "pids":
+                (path / "pids.max").write_text(str(max_pids))
+            elif (path / "memory.max").exists():
+                (path / "memory.max").write_text(str(memory_bytes))
+                with contextlib.suppress(OSError):
+                    (path / "memory.swap.max").write_text("0")
+            else:
+                (path / "memory.limit_in_bytes").write_text(str(memory_bytes))
+
     @staticmethod
     def oom_killed(paths: list[Path]) -> bool:
         """Whether the kernel's OOM killer fired inside these cgroups (memory cap reached)."""
+        return Cgroups.oom_kills(paths) > 0
+
+    @staticmethod
+    def oom_kills(paths: list[Path]) -> int:
+        """How many times the kernel's OOM killer fired inside these cgroups."""
+        kills = 0
         for path in paths:
             for name in ("memory.events", "memory.oom_control"):
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, ValueError):
                     for line in (path / name).read_text().splitlines():
                         key, _, value = line.partition(" ")
-                        if key == "oom_kill" and value.strip() not in ("", "0"):
-                            return True
-        return False
+                        if key == "oom_kill":
+                            kills += int(value.strip() or 0)
+        return kills
 
     @staticmethod
     def kill_all(paths: list[Path]) -> None:

@@ -3,6 +3,8 @@
 They set the rlimits first (hard limits: a program cannot raise them back without
 CAP_SYS_RESOURCE, which the sandbox never has), then run the user's code. Argument
 order: cpu_s memory_bytes fsize_bytes nproc nofile, then the mode's own arguments.
+ONE_SHOT runs one program, BATCH all the test cases of one row (one sandbox per row), REPL is
+the tool mode's interpreter.
 """
 from __future__ import annotations
 
@@ -27,25 +29,15 @@ def _gym_limits(argv):
     return argv[6:]
 '''
 
-# One-shot program: it first reads the program from stdin (8-byte big-endian length, UTF-8 source),
-# so a sandbox can be started before the program is known; the rest of stdin is the test's input.
-ONE_SHOT = _LIMITS + r'''
-_gym_limits(sys.argv)
-def _gym_read(n):
-    buf = b""
-    while len(buf) < n:
-        chunk = os.read(0, n - len(buf))
-        if not chunk:
-            os._exit(0)  # the server went away before sending a program
-        buf += chunk
-    return buf
-_gym_src = _gym_read(int.from_bytes(_gym_read(8), "big")).decode("utf-8", "surrogatepass")
+# What runs the user's program once `_gym_src` holds its source: as `main.py`, in fresh globals,
+# with a traceback that shows none of the runner's frames.
+_MAIN = r'''
 _gym_path = "main.py"
 import linecache
 linecache.cache[_gym_path] = (len(_gym_src), None, _gym_src.splitlines(True), _gym_path)
 sys.argv = [_gym_path]
 _gym_code = compile(_gym_src, _gym_path, "exec")
-del _gym_src, _gym_read, _gym_limits
+del _gym_src
 _gym_globals = {"__name__": "__main__", "__file__": _gym_path, "__builtins__": __builtins__}
 try:
     exec(_gym_code, _gym_globals)
@@ -61,6 +53,242 @@ except BaseException as _gym_exc:  # traceback without this runner's frame
     sys.stderr.flush()
     os._exit(1)
 '''
+
+# One-shot program: it first reads the program from stdin (8-byte big-endian length, UTF-8 source),
+# so a sandbox can be started before the program is known; the rest of stdin is the test's input.
+ONE_SHOT = _LIMITS + r'''
+_gym_limits(sys.argv)
+def _gym_read(n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(0, n - len(buf))
+        if not chunk:
+            os._exit(0)  # the server went away before sending a program
+        buf += chunk
+    return buf
+_gym_src = _gym_read(int.from_bytes(_gym_read(8), "big")).decode("utf-8", "surrogatepass")
+del _gym_read, _gym_limits
+''' + _MAIN
+
+# All the test cases of one row in one sandbox: sandbox start-up (namespaces, cgroups, two
+# interpreters) is paid once per row instead of once per test. Protocol on the runner's stdin: a
+# header (4-byte big-endian length, JSON {wall_s, output_bytes, nproc}), then per case an 8-byte
+# length + program source and an 8-byte length + the case's stdin, sent by the server when the case
+# may start; EOF after the last. Each case is a forked child in its own session and its own
+# directory under /tmp, with its own stdin/stdout/stderr pipes, its own CPU rlimit (this process
+# has none: the CPU argument is applied per case), wall clock and output cap; when it ends its
+# process group is killed (what survives it by leaving the group dies with the sandbox at the end
+# of the row). Per finished case one frame goes back on stdout (4-byte length, JSON {i, stdout,
+# stderr, exit_code, timed_out, output_exceeded, wall_s}). The runner is the sandbox's pid 1 (bwrap
+# --as-pid-1), so, as with one sandbox per test, a case's parent is pid 1 and ignores its signals,
+# and it is not dumpable, so no case can reach its channel through /proc or ptrace.
+BATCH = _LIMITS + r'''
+def _gym_batch():
+    import collections, ctypes, json, select, shutil, time
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    if prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+        raise OSError("prctl(PR_SET_DUMPABLE, 0) failed: the channel would be reachable from the cases")
+    cpu = int(sys.argv[1])
+    _gym_limits(sys.argv[:1] + ["0"] + sys.argv[2:])
+
+    def exact(n):
+        buf = b""
+        while len(buf) < n:
+            chunk = os.read(0, n - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+        return buf
+
+    def frame(width):
+        size = exact(width)
+        return None if size is None else exact(int.from_bytes(size, "big"))
+
+    def send(obj):
+        data = json.dumps(obj).encode()
+        data = len(data).to_bytes(4, "big") + data
+        while data:
+            data = data[os.write(1, data):]
+
+    header = frame(4)
+    if header is None:
+        return None
+    header = json.loads(header)
+    wall, cap, nproc = float(header["wall_s"]), int(header["output_bytes"]), int(header.get("nproc") or 0)
+    if nproc > 0:
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    home = os.getcwd()
+    # pid 1 of the sandbox (bwrap --as-pid-1): the cases' parent, immune to their signals, and the
+    # reaper of whatever they leave; SIGCHLD wakes the loop
+    wake_r, wake_w = os.pipe()
+    for fd_ in (wake_r, wake_w):
+        os.set_blocking(fd_, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    running = {}  # pid -> the case's state
+    waiting = collections.deque()  # (index, source, stdin) received, not started yet
+    index = 0
+    more = True
+    while more or running or waiting:
+        poll = select.poll()
+        poll.register(wake_r, select.POLLIN)
+        if more:
+            poll.register(0, select.POLLIN)
+        owner = {}
+        now = time.monotonic()
+        timeout = None
+        for case in running.values():
+            for fd in case["open"]:
+                poll.register(fd, select.POLLIN)
+                owner[fd] = case
+            if case["feed"] is not None:
+                poll.register(case["feed"], select.POLLOUT)
+                owner[case["feed"]] = case
+            left = max(0.0, case["start"] + wall - now)
+            timeout = left if timeout is None else min(timeout, left)
+        if waiting:
+            timeout = 0.05 if timeout is None else min(timeout, 0.05)
+        for fd, _ in poll.poll(None if timeout is None else int(timeout * 1000) + 1):
+            if fd == wake_r:
+                try:
+                    while os.read(wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+            elif fd == 0 and more:
+                source = frame(8)
+                stdin = source is not None and frame(8)
+                if source is None or stdin is None:
+                    more = False
+                    continue
+                waiting.append((index, source, stdin))
+                index += 1
+                del source, stdin
+            elif fd in owner:
+                case = owner[fd]
+                if fd == case["feed"]:
+                    try:
+                        case["stdin"] = case["stdin"][os.write(fd, case["stdin"][:65536]):]
+                    except BlockingIOError:
+                        pass
+                    except OSError:  # the case closed its stdin or ended
+                        case["stdin"] = case["stdin"][:0]
+                    if not case["stdin"]:
+                        os.close(fd)
+                        case["feed"] = None
+                elif fd in case["open"]:
+                    _gym_drain(case, fd, cap, True)
+        while waiting:  # start what was sent; a fork refused (process limit) is tried again shortly
+            folder = os.path.join(home, f"case-{waiting[0][0]}")
+            fds = []
+            try:
+                os.mkdir(folder, 0o700)
+                for _ in range(3):
+                    fds += os.pipe()
+                pid = os.fork()
+            except OSError:
+                for fd_ in fds:
+                    os.close(fd_)
+                shutil.rmtree(folder, ignore_errors=True)
+                break
+            r0, w0, r1, w1, r2, w2 = fds
+            i, source, stdin = waiting.popleft()
+            if pid == 0:
+                try:
+                    os.setsid()  # its own process group, and its own session (scheduler autogroup), as before
+                    prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGKILL should the runner go first
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    for old, new in ((r0, 0), (w1, 1), (w2, 2)):
+                        os.dup2(old, new)
+                    os.closerange(3, 2 ** 31 - 1)
+                    os.chdir(folder)
+                    if cpu > 0:
+                        resource.setrlimit(resource.RLIMIT_CPU, (max(1, cpu - 1), cpu))
+                    prctl(4, 1, 0, 0, 0)  # dumpable again: the program's own /proc/self is its own
+                    return source.decode("utf-8", "surrogatepass")
+                except BaseException:
+                    os._exit(70)
+            for fd_ in (r0, w1, w2):
+                os.close(fd_)
+            for fd_ in (w0, r1, r2):
+                os.set_blocking(fd_, False)
+            case = {"i": i, "pid": pid, "folder": folder, "start": time.monotonic(), "out": r1, "err": r2,
+                    "bufs": {r1: bytearray(), r2: bytearray()}, "open": {r1, r2}, "feed": w0,
+                    "stdin": memoryview(stdin), "status": None, "over": False, "timed_out": False}
+            running[pid] = case
+            if not stdin:
+                os.close(w0)
+                case["feed"] = None
+            del source, stdin
+        while True:  # every exited child: the cases' own processes and what they left behind
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            if pid in running:
+                running[pid]["status"] = status
+        for pid, case in list(running.items()):
+            status = case["status"]
+            if status is None and not case["over"] and time.monotonic() - case["start"] < wall:
+                continue
+            if status is None:
+                case["timed_out"] = not case["over"]
+                _gym_kill(case)
+                _, status = os.waitpid(pid, 0)
+            _gym_kill(case)  # what the program left behind in its process group ends with it
+            for fd_ in list(case["open"]):
+                _gym_drain(case, fd_, cap, False)
+            for fd_ in (case["out"], case["err"], case["feed"]):
+                if fd_ is not None:
+                    os.close(fd_)
+            shutil.rmtree(case["folder"], ignore_errors=True)
+            del running[pid]
+            code = os.waitstatus_to_exitcode(status)
+            cut = case["timed_out"] or case["over"]
+            send({"i": case["i"], "stdout": case["bufs"][case["out"]].decode("utf-8", "replace"),
+                  "stderr": case["bufs"][case["err"]].decode("utf-8", "replace"),
+                  "exit_code": None if cut else (128 - code if code < 0 else code),
+                  "timed_out": case["timed_out"], "output_exceeded": case["over"],
+                  "wall_s": time.monotonic() - case["start"]})
+    return None
+
+def _gym_kill(case):
+    try:
+        os.killpg(case["pid"], signal.SIGKILL)
+    except OSError:
+        pass
+
+def _gym_drain(case, fd, cap, once):
+    # what the case wrote, up to `cap` bytes per stream; beyond it the case is killed (output_exceeded)
+    buf = case["bufs"][fd]
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            case["open"].discard(fd)
+            return
+        room = cap - len(buf)
+        buf += chunk[:max(room, 0)]
+        if len(chunk) > room:
+            case["over"] = True
+            case["open"].discard(fd)
+            _gym_kill(case)
+            return
+        if once:
+            return
+
+_gym_src = _gym_batch()
+if _gym_src is None:
+    os._exit(0)
+del _gym_batch, _gym_limits, _gym_kill, _gym_drain
+''' + _MAIN
 
 # Persistent interpreter for tool mode, two processes. The SUPERVISOR holds the protocol channel
 # (the original stdin/stdout; each message a 4-byte big-endian length and a UTF-8 JSON object) and
@@ -172,7 +400,7 @@ class _GymSupervisor:
                 for fd in self.files:
                     os.close(fd)
                 if not self.freeze_all:
-                    os.setpgid(0, 0)
+                    os.setsid()  # its own process group, and its own session (scheduler autogroup), as before
                 _gym_dumpable(1)
                 _gym_worker(theirs, theirs, limit)
             finally:

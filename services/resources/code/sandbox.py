@@ -1,7 +1,9 @@
 """Runs untrusted Python in a bubblewrap sandbox, asynchronously, with hard limits.
 
-Each execution is `bwrap ... python -I -S -c RUNNER limits...` (runner.py), the bwrap command line
-from services/core/sandbox/bwrap.py (what it promises is listed there and in docs/security-sandbox.md):
+Each execution is `bwrap ... python -I -S -c RUNNER limits...` (runner.py): one program (`run`), or
+all the tests of one /verify row (`run_batch`: starting a sandbox costs far more than running a test
+in it), with the bwrap command line from services/core/sandbox/bwrap.py (what it promises is listed
+there and in docs/security-sandbox.md):
 - never root outside: as root, bwrap is started as uid 65534 (cgroups joined first), so the user
   namespace maps the sandbox user onto 65534; the start-up probe refuses to serve otherwise, or
   when a global sysctl opens for writing inside;
@@ -33,7 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, Sequence
 
 from services.core.sandbox.bwrap import (INSIDE_PATH, PROBE, SANDBOX_UID, Bind, bwrap_argv, host_uids,
                                          package_binds, parse_probe, probe_problems, reachable_by, spawn_uid,
@@ -68,6 +70,13 @@ class Limits:
         return [str(int(math.ceil(self.cpu_s)) + 1), str(self.memory_mb << 20), str(self.file_mb << 20),
                 str(self.processes), str(self.open_files)]
 
+    def batch(self, parallel: int) -> "Limits":
+        """What a sandbox running up to `parallel` test cases with these limits each is started with:
+        `parallel` times the processes, /tmp and sandbox memory (plus one process, the runner). A row
+        with fewer cases gets its share back in `Sandbox.run_batch` (cgroup and RLIMIT_NPROC lowered)."""
+        return dataclasses.replace(self, processes=self.processes * parallel + 1, tmp_mb=self.tmp_mb * parallel,
+                                   total_memory_mb=(self.total_memory_mb or 2 * self.memory_mb) * parallel)
+
 
 @dataclasses.dataclass
 class ExecResult:
@@ -83,6 +92,18 @@ class ExecResult:
     @property
     def signal(self) -> int | None:
         return self.exit_code - 128 if self.exit_code is not None and self.exit_code > 128 else None
+
+
+class Slot(Protocol):
+    """Admission of one test case (the server's gate): held from sending the case to its result."""
+
+    async def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class _FreshSandboxFailed(SandboxError):
+    """A pre-started sandbox failed before answering anything (retried once with a fresh one)."""
 
 
 @dataclasses.dataclass
@@ -261,11 +282,18 @@ class Sandbox:
                 "memory_limit": "cgroup+rlimit" if self.cgroup and self.cgroup.memory else "rlimit",
                 "python": self.python, **({"sandbox_notes": self.notes} if self.notes else {})}
 
-    async def prestart(self, limits: Limits, size: int) -> None:
-        """Keep `size` sandboxes started and waiting for a program with these limits (hides start-up latency)."""
+    async def prestart(self, limits: Limits, size: int, *, parallel: int = 0) -> None:
+        """Keep `size` sandboxes started and waiting for a program with these limits (hides start-up latency);
+        with `parallel`, sandboxes for `run_batch(..., limits, parallel)` instead of `run`."""
         if size > 0:
-            self.warm = WarmPool(self, limits, size)
+            self.warm = WarmPool(self, runner.BATCH if parallel else runner.ONE_SHOT,
+                                 limits.batch(parallel) if parallel else limits, size)
             await self.warm.start()
+
+    def _take(self, script: str, limits: Limits) -> Spawned | None:
+        if self.warm and self.warm.script == script and self.warm.limits == limits:
+            return self.warm.take()
+        return None
 
     async def close(self) -> None:
         if self.warm:
@@ -276,14 +304,14 @@ class Sandbox:
             await self.cgroup.close()
 
     # ---- commands ---------------------------------------------------------- #
-    def _bwrap_args(self, limits: Limits, status_fd: int, seccomp_fd: int | None) -> list[str]:
+    def _bwrap_args(self, limits: Limits, status_fd: int, seccomp_fd: int | None, as_pid_1: bool) -> list[str]:
         assert self.bwrap
         binds = [Bind(path, path) for path in self.python_binds] + self.package_binds
         # --disable-userns needs a /proc of the sandbox; without one the seccomp filter (which refuses
         # unshare/setns/clone with CLONE_NEW*) is what keeps nested namespaces out
         return bwrap_argv(self.bwrap, tmp_mb=limits.tmp_mb, binds=binds, proc=self.proc_mount,
                           disable_userns=self.proc_mount or self.seccomp_filter is None,
-                          seccomp_fd=seccomp_fd, status_fd=status_fd)
+                          seccomp_fd=seccomp_fd, status_fd=status_fd, as_pid_1=as_pid_1)
 
     async def spawn(self, script: str, limits: Limits) -> Spawned:
         """Start `python -I -S -c script <limits>` sandboxed, with piped stdio (the program comes on stdin)."""
@@ -313,7 +341,8 @@ class Sandbox:
             status_r, status_w = os.pipe()
             fds.append(status_w)
             os.set_blocking(status_r, False)
-            argv = unprivileged([*self._bwrap_args(limits, status_w, seccomp_fd), self.python, "-I", "-S", "-c",
+            argv = unprivileged([*self._bwrap_args(limits, status_w, seccomp_fd, script == runner.BATCH),
+                                 self.python, "-I", "-S", "-c",
                                  script, *argv_tail])
             if self.cgroup:
                 total_mb = limits.total_memory_mb or 2 * limits.memory_mb
@@ -363,7 +392,7 @@ class Sandbox:
     # ---- one-shot runs ------------------------------------------------------ #
     async def run(self, program: str, stdin: bytes, limits: Limits, *, warm: bool = True) -> ExecResult:
         """Run `program` once with `stdin`; never raises for anything the program does."""
-        spawned = self.warm.take() if warm and self.warm and self.warm.limits == limits else None
+        spawned = self._take(runner.ONE_SHOT, limits) if warm else None
         result = await self._run(spawned, program, stdin, limits)
         if result.sandbox_error and spawned is not None:
             # a pre-started sandbox that went bad while waiting: try once more with a fresh one
@@ -433,17 +462,133 @@ class Sandbox:
             result.exit_code = None
         return result
 
+    # ---- one sandbox per row ------------------------------------------------ #
+    async def run_batch(self, cases: Sequence[tuple[str, bytes]], limits: Limits, parallel: int,
+                        slot: Slot) -> list[ExecResult]:
+        """Run each (program, stdin) case with `limits` in ONE sandbox (runner.BATCH), up to `parallel`
+        at once, each once `slot` admits it; raises SandboxError when the sandbox itself failed."""
+        spawned = self._take(runner.BATCH, limits.batch(parallel))
+        try:
+            return await self._run_batch(spawned, cases, limits, parallel, slot)
+        except _FreshSandboxFailed as exc:
+            # a pre-started sandbox that went bad while waiting: try once more with a fresh one
+            log.warning("pre-started sandbox failed (%s); retrying cold", exc)
+            return await self._run_batch(None, cases, limits, parallel, slot)
+
+    async def _run_batch(self, spawned: Spawned | None, cases: Sequence[tuple[str, bytes]], limits: Limits,
+                         parallel: int, slot: Slot) -> list[ExecResult]:
+        warm = spawned is not None
+        if spawned is None:
+            try:
+                spawned = await self.spawn(runner.BATCH, limits.batch(parallel))
+            except OSError as exc:
+                raise SandboxError(f"could not start the sandbox: {exc}") from None
+        proc = spawned.proc
+        stdin_w, stdout_r = proc.stdin, proc.stdout
+        assert stdin_w is not None and stdout_r is not None
+        lanes = max(1, min(parallel, len(cases)))
+        if spawned.cgroup is not None and self.cgroup:
+            # the row's share: `lanes` cases' worth (the launcher, bwrap and its init besides)
+            total_mb = limits.total_memory_mb or 2 * limits.memory_mb
+            self.cgroup.limit(spawned.cgroup, limits.processes * lanes + 3, (total_mb * lanes) << 20)
+        results: list[ExecResult | None] = [None] * len(cases)
+        held: dict[int, tuple[float, int]] = {}  # case -> (answer deadline, OOM kills when it started)
+        refused: list[Exception] = []
+        # a test may wait up to a wall clock for its process (a fork bomb of another test of the row
+        # holds the process limit until its own wall clock ends), then runs for up to one
+        grace = 2 * limits.wall_s + 5.0
+
+        def ooms() -> int:
+            return Cgroups.oom_kills(spawned.cgroup) if spawned.cgroup else 0
+
+        async def write() -> None:
+            header = json.dumps({"wall_s": limits.wall_s, "output_bytes": limits.output_bytes,
+                                 "nproc": limits.processes * lanes + 1}).encode()
+            stdin_w.write(len(header).to_bytes(4, "big") + header)
+            for i, (program, stdin) in enumerate(cases):
+                try:
+                    await slot.acquire()
+                except Exception as exc:  # refused admission (overload): the caller's to answer
+                    refused.append(exc)
+                    return
+                held[i] = (time.monotonic() + grace, ooms())
+                code = program.encode("utf-8", "surrogatepass")
+                stdin_w.write(len(code).to_bytes(8, "big") + code + len(stdin).to_bytes(8, "big") + stdin)
+                await stdin_w.drain()
+            stdin_w.close()
+
+        async def read() -> None:
+            most = 12 * limits.output_bytes + 4096  # two streams, JSON escapes at most 6 characters a byte
+            for _ in cases:
+                size = int.from_bytes(await stdout_r.readexactly(4), "big")
+                if size > most:
+                    raise SandboxError(f"sandbox reply of {size} bytes")
+                msg = json.loads(await stdout_r.readexactly(size))
+                i = msg["i"]
+                if i not in held or results[i] is not None:
+                    raise SandboxError(f"sandbox reply for test {i}, which is not running")
+                _, oom_before = held.pop(i)
+                slot.release()
+                results[i] = ExecResult(str(msg["stdout"]), str(msg["stderr"]), msg["exit_code"],
+                                        timed_out=msg["timed_out"] is True, output_exceeded=msg["output_exceeded"] is True,
+                                        wall_s=float(msg["wall_s"]), oom_killed=ooms() > oom_before)
+
+        writer, reader = asyncio.ensure_future(write()), asyncio.ensure_future(read())
+        problem: str | None = None
+        try:
+            while not reader.done():
+                waiting = {reader} | ({writer} if not writer.done() else set())
+                deadline = min((d for d, _ in held.values()), default=None)
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if refused:
+                    raise refused[0]
+                if reader.done():
+                    break
+                if writer.done() and writer.exception() is not None:
+                    problem = f"could not send the tests to the sandbox ({writer.exception()!r})"
+                    break
+                if held and min(d for d, _ in held.values()) <= time.monotonic():
+                    problem = f"the sandbox did not answer within {grace:.0f} s of starting a test"
+                    break
+            failure = reader.exception() if problem is None else None
+            if failure is not None:
+                problem = str(failure) if isinstance(failure, SandboxError) else \
+                    f"the sandbox stopped answering ({failure!r})"
+        finally:
+            for task in (writer, reader):
+                task.cancel()
+            for _ in held:
+                slot.release()
+            held.clear()
+            self.kill(spawned)
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(proc.wait(), 5.0)
+            stderr = b""
+            if problem is not None and proc.stderr is not None:
+                with contextlib.suppress(BaseException):
+                    stderr = await asyncio.wait_for(proc.stderr.read(4096), 1.0)
+            await self.cleanup(spawned)
+        if problem is not None:
+            tail = stderr.decode("utf-8", "replace").strip()[-500:]
+            message = f"sandbox failed: {problem}" + (f": {tail}" if tail else "")
+            if warm and not any(results):
+                raise _FreshSandboxFailed(message)
+            raise SandboxError(message)
+        return [r for r in results if r is not None]
+
 
 class WarmPool:
-    """Pre-started one-shot sandboxes blocked on reading their program from stdin.
+    """Pre-started sandboxes (one-shot or batch runner) blocked on reading their program from stdin.
 
-    A sandbox is used once and replaced in the background, so each program still gets a fresh
-    one; only bwrap's and the interpreter's start-up move off the request's path. The CPU
-    rlimit does not tick while it waits (blocked in read), and the wall clock starts when the
-    program is sent."""
+    A sandbox is used once (one program, or one row's cases) and replaced in the background, so
+    each still gets a fresh one; only bwrap's and the interpreter's start-up move off the request's
+    path. The CPU rlimit does not tick while it waits (blocked in read), and the wall clock starts
+    when the program is sent."""
 
-    def __init__(self, sandbox: Sandbox, limits: Limits, size: int) -> None:
+    def __init__(self, sandbox: Sandbox, script: str, limits: Limits, size: int) -> None:
         self.sandbox = sandbox
+        self.script = script
         self.limits = limits
         self.size = size
         self.ready: collections.deque[Spawned] = collections.deque()
@@ -457,7 +602,7 @@ class WarmPool:
         while True:
             while len(self.ready) < self.size:
                 try:
-                    self.ready.append(await self.sandbox.spawn(runner.ONE_SHOT, self.limits))
+                    self.ready.append(await self.sandbox.spawn(self.script, self.limits))
                 except Exception as exc:  # keep serving cold; retry later
                     log.warning("could not pre-start a sandbox: %s", exc)
                     await asyncio.sleep(1.0)

@@ -21,8 +21,8 @@ from .config import ServerConfig
 from .errors import BadRequest, GymError, error_body
 from .metrics import Metrics
 from .middleware import (REQUEST_ID_HEADER, AdmissionControl, AuthMiddleware, BodyLimitMiddleware,
-                         ErrorReplyMiddleware, InputGuardMiddleware, MetricsMiddleware, RequestIdMiddleware,
-                         admission_options, request_id_of)
+                         DisconnectMiddleware, ErrorReplyMiddleware, InputGuardMiddleware, MetricsMiddleware,
+                         RequestIdMiddleware, admission_options, request_id_of)
 from .openapi import HEALTH_DOC, READY_DOC, install
 from .text import reject_lone_surrogates
 
@@ -116,11 +116,13 @@ def create_app(
                 except Exception:  # shutdown must go on
                     log.exception("shutdown hook failed")
 
-    # Outermost first. Adding a concern is one line here; order matters: the request id wraps
-    # everything, metrics count every reply (401/413/500 included), error replies catch what the
+    # Outermost first. Adding a concern is one line here; order matters: a request whose client went
+    # away is cancelled whatever layer it is in (an admission queue included), the request id wraps
+    # everything else, metrics count every reply (401/413/500 included), error replies catch what the
     # layers inside them raise, the body limit answers its own overflow, and the input guard (inside it,
     # so its buffering is bounded) answers a slow body or a depth bomb before any handler parses it.
     middleware = [
+        Middleware(DisconnectMiddleware),
         Middleware(RequestIdMiddleware),
         Middleware(MetricsMiddleware, metrics=metrics),
         Middleware(ErrorReplyMiddleware, metrics=metrics),

@@ -126,7 +126,8 @@ async def test_ready_only_after_startup_hooks():
     gate = asyncio.Event()
     app = make_app(gate=gate)
     async with client(app) as c:
-        starting = asyncio.create_task(app.router.lifespan_context(app).__aenter__())
+        lifespan = app.router.lifespan_context(app)  # held: collected, its generator would run the shutdown part
+        starting = asyncio.create_task(lifespan.__aenter__())
         await asyncio.sleep(0.05)
         r = await c.get("/ready")
         assert r.status_code == 503 and r.json()["status"] == "starting"

@@ -108,6 +108,30 @@ def test_short_row_leaves_before_the_long_one_ends(model_and_tokenizer) -> None:
     assert order == ["short", "long"]
 
 
+@pytest.mark.timeout(120)
+def test_a_cancelled_request_leaves_the_batch_and_the_engine_goes_on(model_and_tokenizer) -> None:
+    """A request cancelled mid-generation (its client went away) stops decoding: its rows leave the
+    batch long before its 100,000 tokens, and the next request is served."""
+    engine = _engine(model_and_tokenizer, max_batch_size=8, batch_wait_s=0.0)
+
+    async def scenario():
+        endless = asyncio.create_task(engine.generate([5, 6, 7], _greedy(100_000)))
+        while engine.steps < 2:
+            await asyncio.sleep(0.001)
+        endless.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await endless
+        while engine.running:  # until the engine dropped the cancelled rows
+            await asyncio.sleep(0.001)
+        return await engine.generate([8, 9], _greedy(3))
+
+    try:
+        (after,) = asyncio.run(scenario())
+    finally:
+        engine.stop()
+    assert len(after.token_ids) == 3 and engine.steps < 100_000
+
+
 def test_a_burst_joins_the_running_batch_as_one_group(model_and_tokenizer) -> None:
     """Rows that arrive while a batch decodes join together (one prefill, one cache merge), not one
     by one: the group is admitted when it fills the free rows, here at once."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from .admission import AdmissionControl, admission_options
 from .auth import AuthMiddleware
 from .body_limit import BodyLimitMiddleware
+from .disconnect import DisconnectMiddleware
 from .errors import ErrorReplyMiddleware
 from .input_guard import InputGuardMiddleware
 from .metrics import MetricsMiddleware
@@ -17,6 +18,7 @@ __all__ = [
     "AdmissionControl",
     "AuthMiddleware",
     "BodyLimitMiddleware",
+    "DisconnectMiddleware",
     "ErrorReplyMiddleware",
     "InputGuardMiddleware",
     "MetricsMiddleware",

@@ -1,6 +1,7 @@
 """Request count, latency and in-flight gauge per route (the route template, not the raw path)."""
 from __future__ import annotations
 
+import asyncio
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -21,17 +22,22 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         status = 500  # what the client sees if nothing answers
+        started = False
 
         async def send_recording(message: Message) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
             await send(message)
 
         start = time.perf_counter()
         self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_recording)
+        except asyncio.CancelledError:
+            if not started:
+                status = 499  # cancelled unanswered: its client went away (or the server is stopping)
+            raise
         finally:
             self.metrics.in_flight.dec()
             self._observe(scope, status, time.perf_counter() - start)

@@ -265,7 +265,8 @@ class Engine:
             if stopped:
                 self._fail([r.job for r in batch.rows] + pending, RuntimeError("engine stopped"))
                 return
-            self.waiting = sum(j.n for j in pending)
+            self._drop_cancelled(pending, batch)
+            self.running, self.waiting = len(batch), sum(j.n for j in pending)
             if pending and (self.continuous or not batch) and self._may_join(pending, len(batch)):
                 group = self._admissible(pending, len(batch))
                 if group:
@@ -314,6 +315,17 @@ class Engine:
             if item is None:
                 return True
             pending.append(item)
+
+    @staticmethod
+    def _drop_cancelled(pending: list[_Job], batch: _Batch) -> None:
+        """Jobs whose request was cancelled (its client went away) give up their place and their rows:
+        nobody reads what they would generate."""
+        pending[:] = [job for job in pending if not job.future.cancelled()]
+        gone = [row for row in batch.rows if row.job.future.cancelled()]
+        for row in gone:
+            row.done = True
+        if gone:
+            batch.drop_finished()  # finished rows already left in `_finish`: only these go
 
     def _may_join(self, pending: list[_Job], running: int) -> bool:
         """Whether waiting rows are prefilled now. Into a running batch they join as a group: when

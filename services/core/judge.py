@@ -198,6 +198,10 @@ class JudgeFailure(UpstreamError):
         self.evaluations = list(evaluations or [])
 
 
+class _Abandoned(Exception):
+    """The request that asked a shared question went away (its client disconnected) before the answer."""
+
+
 @dataclass
 class Evaluation:
     """One judge question and its answer: what goes into a reply's `judge_evaluations`."""
@@ -273,14 +277,19 @@ class Judge:
         raises JudgeFailure when there is none."""
         body = self.request_body(messages)
         key = hashlib.sha256(json.dumps([self.target, self.path, body], sort_keys=True).encode()).hexdigest()
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            self._observe_hit()
-            return self._evaluation(body, *hit, parse, cached=True)
-        pending = self._inflight.get(key)
-        if pending is not None:  # the same question is being asked right now: share its answer
-            text, response = await asyncio.shield(pending)
+        while True:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                self._observe_hit()
+                return self._evaluation(body, *hit, parse, cached=True)
+            pending = self._inflight.get(key)
+            if pending is None:
+                break
+            try:  # the same question is being asked right now: share its answer
+                text, response = await asyncio.shield(pending)
+            except _Abandoned:
+                continue  # its asker was cancelled (its client went away): look again, ask it ourselves
             self._observe_hit()
             return self._evaluation(body, text, response, parse, cached=True)
         future: asyncio.Future[tuple[str, dict[str, Any]]] = asyncio.get_running_loop().create_future()
@@ -289,7 +298,7 @@ class Judge:
             text, response = await self._call(body)
             evaluation = self._evaluation(body, text, response, parse, cached=False)
         except BaseException as exc:
-            shared = exc if isinstance(exc, Exception) else JudgeFailure(f"judge {self.target}: the call was cancelled")
+            shared = exc if isinstance(exc, Exception) else _Abandoned()
             future.set_exception(shared)
             future.exception()  # retrieved: no "never retrieved" warning when nobody shared it
             raise

@@ -340,3 +340,32 @@ def test_identical_questions_in_flight_share_one_judge_call(math, judge) -> None
     out = math.post("/verify/batch", [body] * 4, timeout=60).json()
     assert [r["reward"] for r in out] == [1.0] * 4
     assert _calls(judge) == before + 2  # both orders, once for all four
+
+
+def test_a_shared_question_outlives_the_request_that_asked_it_first(math, judge) -> None:
+    """A request that gives up (its client disconnects) is cancelled with its judge call; a request
+    sharing that question asks it again and gets its verdict, not the first one's cancellation."""
+    body = {"responses_create_params": {"input": [{"role": "user", "content": "Half?"}]},
+            "expected_answer": "\\frac{1}{2}", "response": response_with_text("\\boxed{SLOWISH one over two}")}
+    before = _calls(judge)
+    gave_up = threading.Event()
+
+    def impatient() -> None:  # gives up before the judge's first answer (it takes 3 s)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{math.url}/verify", json=body, headers=math.headers(), timeout=httpx.Timeout(30, read=2.5))
+        gave_up.set()
+
+    first = threading.Thread(target=impatient)
+    first.start()
+    try:
+        for _ in range(250):  # the first request's judge call has reached the judge: it is the one shared
+            if _calls(judge) > before:
+                break
+            threading.Event().wait(0.02)
+        assert _calls(judge) == before + 1
+        reply = math.post("/verify", body, timeout=60).json()
+    finally:
+        first.join()
+    assert gave_up.is_set()
+    assert reply["reward"] == 1.0 and not reply["mask_sample"], reply
+    assert _calls(judge) == before + 3  # the cancelled first call, then both orders for the second

@@ -4,10 +4,12 @@ demultiplexed, a command printing 10 MB is cut at the output cap and reported ex
 `docker exec` CLI (which commands with stdin, and every command without a reachable socket, use)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import AsyncIterator, Iterator
 
 import pytest
 
+from services.core.sandbox import engine_api
 from services.core.sandbox.docker import DockerProvider
 from services.core.sandbox.workspace import Limits, Workspace, WorkspaceError
 from tests.docker_engine import containers, engine_and_image
@@ -75,3 +77,17 @@ async def test_wall_clock_limit_and_engine_errors(provider: DockerProvider) -> N
     await ws.destroy()
     with pytest.raises(WorkspaceError, match="docker exec failed"):
         await ws.exec("true")
+
+
+async def test_an_unreachable_socket_falls_back_to_the_cli(image: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_api, "socket_path", lambda: str(tmp_path / "no.sock"))
+    p = DockerProvider(default_image=image)
+    await p.start()
+    assert p.api is None
+    ws = await p.create(image=None, folder=None, limits=LIMITS)
+    try:
+        result = await ws.exec("echo via the cli; exit 4")
+        assert (result.stdout, result.exit_code) == ("via the cli\n", 4)
+    finally:
+        await ws.destroy()

@@ -1,15 +1,19 @@
-"""The docker provider (clusters): one container per workspace from a per-task image, via the docker CLI.
+"""The docker provider (clusters): one container per workspace from a per-task image.
 
 A container runs `sleep infinity` with no network, all capabilities dropped, no-new-privileges,
 a read-only root, uid/gid 65534, CPU/memory/pids limits, and `/workspace` and `/tmp` as
 size-capped tmpfs (the disk limit). A folder is copied in as a tar stream through `docker exec`
-(`docker cp` cannot write into a tmpfs). Every command is `docker exec` under `timeout -s KILL`
-inside the container, so a command outlives no deadline even if the client dies. Containers
-carry the owner label; the janitor removes those whose owner server is dead.
+(`docker cp` cannot write into a tmpfs). Every command runs under `_RUN`, which kills it at its
+wall-clock limit inside the container, so a command outlives no deadline even if the client dies.
+Commands without stdin go through the Engine API on its unix socket (`engine_api`, no CLI process per
+command); commands with stdin, and every command when the socket is not reachable, through
+`docker exec`. Containers are started and removed with the CLI. Containers carry the owner label;
+the janitor removes those whose owner server is dead.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import logging
 import shlex
@@ -21,6 +25,7 @@ from typing import Any
 
 from . import owner
 from .bwrap import SANDBOX_UID
+from .engine_api import EngineAPI
 from .process import run_process
 from .workspace import OWNER_LABEL, WORKDIR, ExecResult, Limits, Provider, Workspace, WorkspaceError
 
@@ -57,14 +62,25 @@ class DockerWorkspace(Workspace):
     async def exec(self, command: str, *, stdin: bytes = b"", timeout_s: float | None = None) -> ExecResult:
         lim = self.limits
         wall = timeout_s or lim.wall_s
-        argv = [self.provider.docker, "exec", "-i", self.id, "/bin/bash", "-c", _RUN, "run", str(lim.cpu_s),
-                str(lim.file_mb << 10), f"{wall:.3f}", command]
-        result = await run_process(argv, stdin, wall + 10, lim.output_bytes)
+        argv = ["/bin/bash", "-c", _RUN, "run", str(lim.cpu_s), str(lim.file_mb << 10), f"{wall:.3f}", command]
+        api = self.provider.api
+        if api is not None and not stdin:
+            result = await api.exec(self.id, argv, wall + 10, lim.output_bytes)
+        else:
+            result = await run_process([self.provider.docker, "exec", "-i", self.id, *argv], stdin, wall + 10,
+                                       lim.output_bytes)
         if result.exit_code == 137 and TIMEOUT_MARK.strip() in result.stderr:
             result.stderr = result.stderr.replace(TIMEOUT_MARK.strip(), "")
             result.timed_out, result.exit_code = True, None
-        elif result.timed_out:  # the client gave up: kill what runs inside
-            await self.provider.cli("exec", self.id, "/bin/bash", "-c", "kill -KILL -1", wall_s=30)
+        elif result.timed_out or result.output_exceeded:
+            # the client gave up or cut the output: kill what runs inside now, or its end (`_RUN`'s
+            # `kill -1`) could come during the next command and kill that
+            kill = ["/bin/bash", "-c", "kill -KILL -1"]
+            if api is not None:
+                with contextlib.suppress(WorkspaceError):  # as with the CLI: a gone container has nothing to kill
+                    await api.exec(self.id, kill, 30, 1 << 16)
+            else:
+                await self.provider.cli("exec", self.id, *kill, wall_s=30)
         if result.exit_code in (125, 126) and result.stderr.startswith("Error"):
             raise WorkspaceError(f"docker exec failed: {result.stderr.strip()[-400:]}")
         return result
@@ -80,6 +96,7 @@ class DockerProvider(Provider):
         self.docker_name = docker
         self.docker = docker
         self.default_image = default_image
+        self.api: EngineAPI | None = None
 
     async def cli(self, *args: str, stdin: bytes = b"", wall_s: float = 120.0) -> ExecResult:
         return await run_process([self.docker, *args], stdin, wall_s, 1 << 20)
@@ -92,7 +109,16 @@ class DockerProvider(Provider):
         info = await self.cli("info", "--format", "{{.ServerVersion}}", wall_s=30)
         if info.exit_code != 0:
             raise WorkspaceError(f"no docker engine: {info.stderr.strip()[-300:]}")
+        try:
+            self.api = await EngineAPI.connect()
+        except WorkspaceError as e:
+            log.warning("docker: commands go through the CLI (%s)", e)
         await self.reclaim()
+
+    async def close(self) -> None:
+        if self.api is not None:
+            await self.api.close()
+            self.api = None
 
     async def reclaim(self) -> int:
         """Remove workspace containers whose owner server is dead (the start-up janitor)."""

@@ -69,7 +69,10 @@ async def provider(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
         p = DockerProvider(default_image=request.getfixturevalue("docker_image"))
         await p.start()
         before = set(containers())
-        yield p
+        try:
+            yield p
+        finally:
+            await p.close()
         assert set(containers()) <= before, "workspace containers left behind"
 
 
@@ -157,3 +160,4 @@ async def test_probe_detects_a_privileged_container(docker_image: str, listener:
         assert "FINDING capability bounding set not empty" in found, found
     finally:
         await p.remove([name])
+        await p.close()

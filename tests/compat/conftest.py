@@ -6,7 +6,7 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -16,10 +16,13 @@ from tests.compat import nemo_gym
 class NeMoGym:
     """Runs NeMo-Gym's commands and Python in its own virtualenv, with no gymserve variables."""
 
-    def __init__(self, venv: Path) -> None:
+    def __init__(self, venv: Path, tmp: str) -> None:
         self.venv = venv
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("GYMSERVE_", "VIRTUAL_ENV"))}
         self.env["PYTHONUNBUFFERED"] = "1"
+        # NeMo-Gym SIGKILLs its own servers when it stops them, so their temporary folders (wandb's,
+        # multiprocessing's) are never removed: they go to a folder of the session's, removed at its end
+        self.env["TMPDIR"] = tmp
         # where NeMo-Gym starts Ray (`gym eval reverify`): on loopback, and without writing a Ray auth token
         # into ~/.ray, which would switch token auth on for every later Ray cluster of this user
         self.env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled")
@@ -38,8 +41,9 @@ class NeMoGym:
 
 
 @pytest.fixture(scope="session")
-def nemo() -> NeMoGym:
-    return NeMoGym(nemo_gym.venv())
+def nemo() -> Iterator[NeMoGym]:
+    with tempfile.TemporaryDirectory(prefix="ng-") as tmp:  # short: Ray's socket paths live below it
+        yield NeMoGym(nemo_gym.venv(), tmp)
 
 
 @pytest.fixture

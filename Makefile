@@ -26,7 +26,7 @@ docs: install
 test-fast: install
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
 
-BENCHMARKS := pool_throughput verify_math verify_envs code_exec reward_model agent_run collect_routing model_hf head_proxy versus_revision tail_latency tail_mix batch_completion ray_backend
+BENCHMARKS := pool_throughput verify_math verify_envs code_exec reward_model agent_run collect_routing model_hf head_proxy head_cpu versus_revision tail_latency tail_mix batch_completion ray_backend
 
 bench: install
 	@for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py || exit 1; done

@@ -11,7 +11,9 @@ scripted response instantly). Prints the time until the last rollout is done, an
 the CPU seconds every process (resource servers, their workers and sandboxed programs, agents,
 stub model, and the client itself, which shares the cores) spent on the batch, divided by the
 cores. `last / ideal` near 1 means no rollout was left waiting while a core idled; on a shared
-machine other tenants' load shows as a larger ratio (the load average is printed).
+machine other tenants' load shows as a larger ratio (the load average is printed). A check that
+needs no accounting: the share of the machine's core time left idle between the first request and
+the last rollout, from /proc/stat (on a quiet machine near 0 means the batch kept every core busy).
 """
 from __future__ import annotations
 
@@ -58,6 +60,12 @@ def env_of(row: dict[str, Any]) -> str:
     return str(row["agent_ref"]["name"]).removesuffix("_simple_agent")
 
 
+def idle_jiffies() -> tuple[int, int]:
+    """(idle + iowait, total) core time of the whole machine so far, from /proc/stat."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return values[3] + values[4], sum(values[:8])
+
+
 def stack_cpu(servers: list[ServerProcess]) -> float:
     """CPU seconds of the stack: each server, its live children (pool workers), and every
     descendant it has reaped (sandboxed programs), from /proc."""
@@ -79,10 +87,12 @@ async def batches(client: RolloutClient, servers: list[ServerProcess], envs: lis
         await client.run_many(grpo_batch("blend", 8, 4))  # warm-up: imports, caches, connections
         for env in envs:
             rows = grpo_batch(env, args.prompts, args.generations)
-            before, client_before = stack_cpu(servers), time.process_time()
+            before, client_before, idle_before = stack_cpu(servers), time.process_time(), idle_jiffies()
             start = time.perf_counter()
             records = await client.run_many(rows)
             wall = time.perf_counter() - start
+            idle_after = idle_jiffies()
+            idle = (idle_after[0] - idle_before[0]) / max(1, idle_after[1] - idle_before[1])
             served, sent = stack_cpu(servers) - before, time.process_time() - client_before
             work = served + sent  # the client (this process) shares the cores with the stack
             failed = sum(is_failure(r) for r in records)
@@ -90,7 +100,7 @@ async def batches(client: RolloutClient, servers: list[ServerProcess], envs: lis
             ideal = work / cores
             print(f"{env:<22} last rollout {wall:6.2f} s  ideal {ideal:6.2f} s ({served:.2f} stack + {sent:.2f} client "
                   f"cpu-s / {cores} cores)  "
-                  f"last/ideal {wall / ideal:4.2f}  failed {failed}/{len(records)} {dict(kinds) or ''}  "
+                  f"last/ideal {wall / ideal:4.2f}  cores idle {idle:4.0%}  failed {failed}/{len(records)} {dict(kinds) or ''}  "
                   f"load average {os.getloadavg()[0]:.1f}", flush=True)
 
 

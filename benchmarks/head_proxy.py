@@ -1,13 +1,15 @@
 """The head's proxy and tail latency: math `/verify` direct vs through the head, side by side.
 
-Run: `.venv/bin/python benchmarks/head_proxy.py [--items 2000] [--concurrency 64,256] [--rounds 2]`
+Run: `.venv/bin/python benchmarks/head_proxy.py [--items 3000] [--concurrency 64,256] [--slices 10]`
 
-Starts one math server (`workers` pool processes) and a head whose stack points at it. Each
-round drives the same items at each concurrency straight at the server and through
-`/servers/math/verify` (order alternating between rounds, so a shared machine's changing load
-hits both alike) with a minimal keep-alive client that honours 503 + Retry-After. Prints
-throughput, p50/p99/max latency, p99/p50, and the ratio head/direct per concurrency
-(best round). Aims: head/direct >= 0.9 at concurrency 64; p99 <= 4x p50 at 64 and 256.
+Starts one math server (`workers` pool processes) and a head whose stack points at it. Per
+concurrency the items are driven straight at the server and through `/servers/math/verify` in
+short slices that alternate which side goes first (as `versus_revision.py` does): this VM's
+speed drifts by tens of percent within a minute, so two whole phases one after the other
+compare the drift more than the sides. A minimal keep-alive client honours 503 + Retry-After.
+Prints per side the throughput over all slices, p50/p99/max latency and p99/p50, the ratio
+head/direct, and the range of the per-slice ratios. Aims: head/direct >= 0.9 at concurrency 64;
+p99 <= 4x p50 at 64 and 256.
 """
 from __future__ import annotations
 
@@ -27,9 +29,13 @@ from gymserve.testing import ServerProcess, verify_body  # noqa: E402
 from verify_math import drive, make_items, pct  # noqa: E402
 
 
-def phase(port: int, path: str, bodies: list[bytes], concurrency: int) -> dict[str, Any]:
+def phase(port: int, path: str, bodies: list[bytes], concurrency: int) -> tuple[float, list[float]]:
     wall, lat, _ = asyncio.run(drive(port, path, bodies, concurrency))
-    return {"rate": len(bodies) / wall, "p50": pct(lat, 50), "p99": pct(lat, 99), "max": max(lat)}
+    return wall, lat
+
+
+def summary(walls: list[float], lat: list[float], items: int) -> dict[str, Any]:
+    return {"rate": items / sum(walls), "p50": pct(lat, 50), "p99": pct(lat, 99), "max": max(lat)}
 
 
 def show(label: str, r: dict[str, Any]) -> str:
@@ -39,10 +45,10 @@ def show(label: str, r: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--items", type=int, default=2000)
+    parser.add_argument("--items", type=int, default=3000)
     parser.add_argument("--concurrency", default="64,256")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--slices", type=int, default=10, help="alternations per concurrency")
     parser.add_argument("--server-option", action="append", default=[], help="extra key=value for the math server")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -50,25 +56,31 @@ def main() -> int:
               for text, expected in make_items(args.items)]
     print(f"load average {os.getloadavg()[0]:.1f}; items {len(bodies)}, math workers {args.workers}, "
           f"cpus {os.cpu_count()}")
-    results: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    size = -(-len(bodies) // args.slices)
     with ServerProcess("resources/math", f"workers={args.workers}", *args.server_option) as math:
         spec = {"stack": {"servers": {"math": {"kind": "resources/math", "port": math.port}}}}
         with ServerProcess("head", env={"GYMSERVE_SERVER_SPEC": json.dumps(spec)}) as head:
             phase(math.port, "/verify", bodies[:200], 16)  # warm-up: parse caches, connections
             phase(head.port, "/servers/math/verify", bodies[:200], 16)
-            for number in range(args.rounds):
-                for c in levels:
-                    sides = [("direct", math.port, "/verify"), ("head", head.port, "/servers/math/verify")]
-                    for side, port, path in sides if number % 2 == 0 else reversed(sides):
-                        results.setdefault((side, c), []).append(phase(port, path, bodies, c))
-    for c in levels:
-        best = max(range(args.rounds), key=lambda i: results[("head", c)][i]["rate"] / results[("direct", c)][i]["rate"])
-        direct, via = results[("direct", c)][best], results[("head", c)][best]
-        print(f"concurrency {c}:")
-        print("  " + show("direct    ", direct))
-        print("  " + show("via head  ", via))
-        print(f"  head/direct throughput {via['rate'] / direct['rate']:.2f} (aim >= 0.9 at 64); p99/p50 direct "
-              f"{direct['p99'] / direct['p50']:.1f}, via head {via['p99'] / via['p50']:.1f} (aim <= 4)")
+            sides = {"direct": (math.port, "/verify"), "head": (head.port, "/servers/math/verify")}
+            for c in levels:
+                walls: dict[str, list[float]] = {"direct": [], "head": []}
+                lats: dict[str, list[float]] = {"direct": [], "head": []}
+                for k in range(args.slices):
+                    part = bodies[k * size:(k + 1) * size]
+                    for side in ("direct", "head") if k % 2 == 0 else ("head", "direct"):
+                        wall, lat = phase(*sides[side], part, c)
+                        walls[side].append(wall)
+                        lats[side] += lat
+                direct, via = (summary(walls[side], lats[side], len(bodies)) for side in ("direct", "head"))
+                per_slice = sorted(d / h for d, h in zip(walls["direct"], walls["head"]))
+                print(f"concurrency {c} ({args.slices} slices per side):")
+                print("  " + show("direct    ", direct))
+                print("  " + show("via head  ", via))
+                print(f"  head/direct throughput {via['rate'] / direct['rate']:.2f} (aim >= 0.9 at 64; slices "
+                      f"{per_slice[0]:.2f} to {per_slice[-1]:.2f}); p99/p50 direct "
+                      f"{direct['p99'] / direct['p50']:.1f}, via head {via['p99'] / via['p50']:.1f} (aim <= 4)",
+                      flush=True)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 

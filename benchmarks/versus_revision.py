@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -33,6 +34,24 @@ from mixes import mix  # noqa: E402
 from verify_math import cpu_seconds, drive, make_items, pct  # noqa: E402
 
 BEFORE_PERFORMANCE_WORK = "d7e2d53^"  # the parent of the first commit of the fair-queueing work
+
+
+def short_commit(rev: str) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+@contextlib.contextmanager
+def revision_tree(commit: str) -> Iterator[Path]:
+    """`commit` checked out in a temporary git worktree (removed afterwards); a server started with
+    `cwd=` there runs that revision's code (`python -m` imports from the working directory)."""
+    with tempfile.TemporaryDirectory(prefix="gymserve-base-") as scratch:
+        tree = Path(scratch) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(tree), commit], cwd=ROOT, check=True)
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
 
 
 def measure(servers: dict[str, ServerProcess], bodies: list[bytes], concurrency: int,
@@ -79,26 +98,20 @@ def main() -> int:
     items = [(text, row["expected_answer"]) for row, text in mix("math", args.items)] if args.mix \
         else make_items(args.items)
     bodies = [json.dumps(verify_body(text, expected_answer=expected)).encode() for text, expected in items]
-    commit = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True,
-                            check=True).stdout.strip()
+    commit = short_commit(args.base)
     print(f"this checkout vs {args.base} ({commit}); {len(bodies)} items in {args.slices} slices per side, "
           f"math workers {args.workers}, cpus {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
-    with tempfile.TemporaryDirectory(prefix="gymserve-base-") as scratch:
-        base = Path(scratch) / "tree"
-        subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(base), commit], cwd=ROOT, check=True)
-        try:
-            with ServerProcess("resources/math", f"workers={args.workers}", name="ours", cwd=ROOT) as ours, \
-                    ServerProcess("resources/math", f"workers={args.workers}", name="base", cwd=base) as theirs:
-                servers = {"ours": ours, "base": theirs}
-                for server in servers.values():  # warm-up: parse caches, connections
-                    asyncio.run(drive(server.port, "/verify", bodies[:200], 16))
-                for c in levels:
-                    result = measure(servers, bodies, c, args.slices)
-                    print(f"concurrency {c}: {show('ours', result['ours'])} | {show('base', result['base'])} | "
-                          f"ratio ours/base {result['ours']['rate'] / result['base']['rate']:.2f} (aim: at least 0.90)",
-                          flush=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
+    with revision_tree(commit) as base:
+        with ServerProcess("resources/math", f"workers={args.workers}", name="ours", cwd=ROOT) as ours, \
+                ServerProcess("resources/math", f"workers={args.workers}", name="base", cwd=base) as theirs:
+            servers = {"ours": ours, "base": theirs}
+            for server in servers.values():  # warm-up: parse caches, connections
+                asyncio.run(drive(server.port, "/verify", bodies[:200], 16))
+            for c in levels:
+                result = measure(servers, bodies, c, args.slices)
+                print(f"concurrency {c}: {show('ours', result['ours'])} | {show('base', result['base'])} | "
+                      f"ratio ours/base {result['ours']['rate'] / result['base']['rate']:.2f} (aim: at least 0.90)",
+                      flush=True)
     return 0
 
 

@@ -18,13 +18,12 @@ import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import Field, ValidationError, field_validator
-from starlette.routing import Route
 
 from services.core.app import create_app, read_json
 from services.core.auth import api_key, trust
 from services.core.config import (DEFAULT_HEAD_PORT, ConfigError, ServerConfig, Stack, describe_validation_error,
                                   interpolate, load_stack, redact)
-from services.core.errors import BadRequest, NotFound
+from services.core.errors import BadRequest, GymError, NotFound
 from services.core.hosts import connect_host, connect_url, is_loopback
 from services.core.openapi import describe, list_of
 from services.core.registration import STACK_TOKEN_ENV, STACK_TOKEN_HEADER
@@ -39,6 +38,7 @@ from .schemas import HealthReport, Registered, ServerInstance, Unregistered, Unr
 from .training import TrainingLog, TrainingStep
 
 MAX_TRAINING_BATCH = 1000
+PROXY_ROUTE = "/servers/{name}/{path:path}"
 STATIC_CACHE = "public, max-age=86400"  # a day: the files change only with the installed package
 
 
@@ -114,7 +114,7 @@ def build(config: Config) -> FastAPI:
     head_url = connect_url(config.host, config.port)
 
     app = create_app(config, server_type="head_server", on_startup=[monitor.start],
-                     on_shutdown=[proxy.aclose, monitor.stop],
+                     on_shutdown=[proxy.aclose, monitor.stop], mounts={PROXY_ROUTE: proxy},
                      description="gymserve head: registry, config, proxy, health")
     app.state.registry = registry
     training = TrainingLog()
@@ -256,31 +256,18 @@ def build(config: Config) -> FastAPI:
             raise NotFound(f"no training run named {run!r} (runs: {', '.join(training.runs()) or 'none'})")
         return {"runs": training.runs(), "records": training.records(run)}
 
-    @app.api_route("/servers/{name}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
-                   include_in_schema=False)
-    async def proxy_root(request: Request, name: str) -> Response:
-        return await proxy.handle(request, name, "")
-
-    async def proxy_route(request: Request, name: str, path: str) -> Response:
-        return await proxy.handle(request, name, path)
+    # The proxy itself is a plain ASGI app mounted in front of FastAPI's routing (see `Proxy`); these
+    # routes put it in the OpenAPI schema and are never reached.
+    async def proxy_route(name: str, path: str) -> Response:
+        raise GymError(f"/servers/{name}/{path} is served by the head's proxy mount, not by this route")
 
     for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"):
-        app.add_api_route("/servers/{name}/{path:path}", proxy_route, methods=[method],
+        app.add_api_route(PROXY_ROUTE, proxy_route, methods=[method],
                           operation_id=f"proxy_{method.lower()}", **describe(
                               body={"description": "passed on unchanged"} if method in ("POST", "PUT", "PATCH") else None,
                               body_required=False, reply={"description": "the server's own reply"},
                               errors=(404, 422, 502, 504, 508), passes_4xx=True,
                               summary="Reverse proxy to a registered server"))
-
-    # The routes above document the proxy; this plain Starlette route, tried first, serves it: every
-    # proxied request skips FastAPI's request handling (dependency resolution, the route scan), a
-    # third of the head's CPU per request, which on a machine whose cores the servers behind it keep
-    # busy is throughput taken from them.
-    async def fast_proxy(request: Request) -> Response:
-        return await proxy.handle(request, request.path_params["name"], request.path_params["path"])
-
-    app.router.routes.insert(0, Route("/servers/{name}/{path:path}", fast_proxy, include_in_schema=False,
-                                      methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]))
 
     async def resolve_url(name: str) -> str:
         inst = registry.get(name)

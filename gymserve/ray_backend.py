@@ -106,10 +106,13 @@ def _gym_server_class() -> type:
 
         def __serve_build_asgi_app__(self) -> Any:
             from gymserve.commands.serve import load_config
+            from services.core.serving import tune_gc
 
             spec = {**self.options, "head_url": self.head_url, "register_with_head": False}
             module, config = load_config(self.kind, [], name=self.name, spec=spec)
-            return module.build(config)
+            app = module.build(config)
+            tune_gc()
+            return app
 
     return GymServer
 

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
@@ -16,13 +17,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware import Middleware
+from starlette.types import ASGIApp
 
 from .config import ServerConfig
 from .errors import BadRequest, GymError, error_body
 from .metrics import Metrics
 from .middleware import (REQUEST_ID_HEADER, AdmissionControl, AuthMiddleware, BodyLimitMiddleware,
                          DisconnectMiddleware, ErrorReplyMiddleware, InputGuardMiddleware, MetricsMiddleware,
-                         RequestIdMiddleware, admission_options, request_id_of)
+                         MountsMiddleware, RequestIdMiddleware, admission_options, request_id_of)
 from .openapi import HEALTH_DOC, READY_DOC, install
 from .text import reject_lone_surrogates
 
@@ -82,12 +84,15 @@ def create_app(
     readiness: Callable[[], bool] | None = None,
     description: str = "",
     ready_details: Callable[[], dict[str, Any]] | None = None,
+    mounts: Mapping[str, ASGIApp] | None = None,
 ) -> FastAPI:
     """A FastAPI app with gymserve's shared behaviour.
 
     `on_startup` hooks run before the server reports ready (load models, start pools);
     `on_shutdown` hooks run on graceful shutdown. `readiness` is an extra check for `/ready`;
     `ready_details` adds fields to its body (e.g. a sandbox running in unsafe mode says so there).
+    `mounts` are plain ASGI apps by path template, served inside the shared middleware but before
+    FastAPI's routing (`middleware/mounts.py`).
     """
     metrics = Metrics(config.name)
     state: dict[str, Any] = {"ready": False}
@@ -131,6 +136,8 @@ def create_app(
         Middleware(BodyLimitMiddleware, max_body_bytes=config.max_body_bytes),
         Middleware(InputGuardMiddleware, body_timeout_s=config.body_timeout_s, max_json_depth=config.max_json_depth),
     ]
+    if mounts:
+        middleware.append(Middleware(MountsMiddleware, mounts=mounts, metrics=metrics))
     app = FastAPI(title=f"gymserve {config.kind or 'server'}: {config.name}", description=description,
                   lifespan=lifespan, middleware=middleware)
     install(app)

@@ -1,4 +1,5 @@
-"""How every server is served: uvicorn with a deadline on reading request headers.
+"""How every server is served: uvicorn with a deadline on reading request headers, replies that
+leave in one write, and a garbage collector tuned for a long-running server.
 
 uvicorn times out idle keep-alive connections but not a client that sends its request line
 and headers one byte at a time (slowloris): each byte restarts nothing and the connection is
@@ -8,6 +9,7 @@ its last header, then answers 408 and closes. The body's deadline is the input-g
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -45,6 +47,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
+        if self.cycle is not None and not isinstance(self.cycle.transport, _Coalescing):
+            self.cycle.transport = _Coalescing(self.transport, self.loop)  # type: ignore[assignment]
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -66,3 +70,54 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
 def guarded_protocol(header_timeout_s: float) -> type[HeaderDeadlineProtocol]:
     """The protocol class for `uvicorn.run(http=...)` with this header deadline."""
     return type("HeaderDeadlineProtocol", (HeaderDeadlineProtocol,), {"header_timeout_s": header_timeout_s})
+
+
+# Young-generation collections every this many container allocations instead of Python's 700.
+GC_GEN0_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Freeze what start-up built (modules, the app, its routes and models) out of the collector's
+    reach, and collect the young generation less often. With the defaults a server spends much of
+    its CPU per request re-scanning the same start-up heap: this alone took about a quarter off the
+    head's CPU per proxied request (`benchmarks/head_cpu.py` measures the head's). Cycles are still
+    collected, only in larger batches; the memory they hold meanwhile grows by a few MB at most."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 10, 10)
+
+
+class _Coalescing:
+    """The reply's transport as uvicorn's request cycle sees it: the status line and headers are held
+    until the body's first write (or the end of the loop's turn), so a small reply leaves in one
+    segment: one write system call instead of two, and one read for the client."""
+
+    __slots__ = ("_transport", "_loop", "_held")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._held is None:
+            if data.startswith(b"HTTP/"):
+                self._held = data
+                self._loop.call_soon(self.flush)
+                return
+            self._transport.write(data)
+            return
+        held, self._held = self._held, None
+        self._transport.write(held + data)
+
+    def flush(self) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)

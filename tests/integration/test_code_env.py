@@ -100,6 +100,24 @@ def test_runtime_error_and_stderr_tail(server):
     assert first["failure_kind"] == "runtime_error" and "ValueError: nope" in first["stderr"]
 
 
+
+def _reaped_cpu_s(pid: int) -> float:
+    """CPU seconds of the process's children that it has reaped (cutime + cstime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_rows_test_runs_are_reaped_through_the_server(server):
+    """Each test's CPU reaches the server's own children accounting: the sandbox exits by itself once
+    it has answered, so bwrap reaps the runner. Killed at once (as before), bwrap died first and the
+    host's init reaped the runner: batch-completion benchmarks missed most of the code work."""
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4:\n    pass\nprint(input())"
+    row = {**ROWS["sum_two"], "tests": [{"input": "1\n", "output": "1\n"}, {"input": "2\n", "output": "2\n"}]}
+    before = _reaped_cpu_s(server.proc.pid)
+    reply = server.post("/verify", body_for(row, fenced(burn))).json()
+    assert reply["reward"] == 1.0 and reply["tests_passed"] == 2, _fields(reply)
+    assert _reaped_cpu_s(server.proc.pid) - before >= 0.6  # 0.8 CPU-s burnt inside the sandbox
+
 def _tool(server: ServerProcess, sid: str, code) -> httpx.Response:
     return server.post("/execute_python", {"code": code}, headers={"X-Session-Id": sid})
 

@@ -12,6 +12,7 @@ from .disconnect import DisconnectMiddleware
 from .errors import ErrorReplyMiddleware
 from .input_guard import InputGuardMiddleware
 from .metrics import MetricsMiddleware
+from .mounts import MountsMiddleware
 from .request_id import REQUEST_ID_HEADER, RequestIdMiddleware, request_id_of
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "ErrorReplyMiddleware",
     "InputGuardMiddleware",
     "MetricsMiddleware",
+    "MountsMiddleware",
     "REQUEST_ID_HEADER",
     "RequestIdMiddleware",
     "admission_options",

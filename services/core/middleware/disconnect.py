@@ -16,7 +16,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 class DisconnectMiddleware:
-    """Outermost layer: runs the request as a task and cancels it when the client disconnects."""
+    """Outermost layer: runs the request in the server's own task and cancels that task when the client
+    disconnects. A watcher task waits for the disconnect; the request itself is not moved to a task
+    of its own (a task per request less: on the head's proxy path that was a tenth of its CPU)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -26,8 +28,9 @@ class DisconnectMiddleware:
             await self.app(scope, receive, send)
             return
         body_read = asyncio.Event()
-        replied = False
-        cut = False
+        state = {"replied": False, "cut": False, "done": False}
+        task = asyncio.current_task()
+        assert task is not None
 
         async def receive_body() -> Message:
             message = await receive()
@@ -36,29 +39,27 @@ class DisconnectMiddleware:
             return message
 
         async def send_marked(message: Message) -> None:
-            nonlocal replied
             if message["type"] == "http.response.body" and not message.get("more_body", False):
-                replied = True
+                state["replied"] = True
             await send(message)
 
-        handler = asyncio.ensure_future(self.app(scope, receive_body, send_marked))
-
         async def watch() -> None:
-            nonlocal cut
             await body_read.wait()
-            while not handler.done():
+            while not state["done"]:
                 if (await receive())["type"] == "http.disconnect":
-                    if not replied and not handler.done():
-                        cut = True
-                        handler.cancel()
+                    if not state["replied"] and not state["done"]:
+                        state["cut"] = True
+                        task.cancel()
                     return
 
         watcher = asyncio.ensure_future(watch())
         try:
-            await handler
+            await self.app(scope, receive_body, send_marked)
         except asyncio.CancelledError:
-            if not cut:  # cancelled from outside (the server's own shutdown): pass it on
+            if not state["cut"]:  # cancelled from outside (the server's own shutdown): pass it on
                 raise
-            # the client is gone: nothing to answer
+            if hasattr(task, "uncancel"):  # the client is gone: nothing to answer, and the task goes on clean
+                task.uncancel()
         finally:
+            state["done"] = True
             watcher.cancel()

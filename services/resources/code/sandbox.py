@@ -46,6 +46,8 @@ from .cgroup import Cgroups
 from .seccomp import build_filter
 
 log = logging.getLogger("gymserve.code")
+# how long a sandbox that has answered everything gets to exit by itself before it is killed
+_EXIT_GRACE_S = 1.0
 
 Mode = Literal["bwrap", "unsafe"]
 
@@ -561,6 +563,13 @@ class Sandbox:
             for _ in held:
                 slot.release()
             held.clear()
+            answered = reader.done() and not reader.cancelled() and reader.exception() is None
+            if problem is None and answered:
+                # every answer is in and stdin is closed: the runner exits by itself. Killed now, bwrap
+                # would die before reaping it, and the row's CPU (every test's) would go to the host's
+                # init instead of this server's children: work nobody could account for.
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(proc.wait(), _EXIT_GRACE_S)
             self.kill(spawned)
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(proc.wait(), 5.0)

@@ -38,6 +38,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._replies = _Coalescing(transport, self.loop)  # a connection's replies go out one after another
         self._arm()  # a connection that never sends a byte is held no longer than one that trickles
 
     def on_message_begin(self) -> None:
@@ -47,8 +48,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
-        if self.cycle is not None and not isinstance(self.cycle.transport, _Coalescing):
-            self.cycle.transport = _Coalescing(self.transport, self.loop)  # type: ignore[assignment]
+        if self.cycle is not None:
+            self.cycle.transport = self._replies  # type: ignore[assignment]
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -64,6 +64,19 @@ def _pip(target: Path, *args: str) -> None:
     subprocess.run([str(target / "bin" / "python"), "-m", "pip", "install", "-q", *args], check=True, timeout=1500)
 
 
+# Prepended to a script that runs NeMo-Gym's math_with_judge in its virtualenv: math-verify's default
+# 5 s limits raised to the 30 s the tests give gymserve's side (`math_verify_timeout_s=30`). The
+# comparisons are about answers, and on a loaded machine one of NeMo-Gym's recorded rollouts takes
+# sympy about 5 s, so a limit hit on one side only would turn a slow check into a 0 there. NeMo-Gym
+# forks its checker from the script's process, so the raised defaults reach it.
+GENEROUS_MATH_VERIFY = """
+import functools
+import math_verify.metric
+math_verify.metric.parse = functools.partial(math_verify.metric.parse, parsing_timeout=30)
+math_verify.metric.verify = functools.partial(math_verify.metric.verify, timeout_seconds=30)
+"""
+
+
 def text_response(text: str) -> dict:
     """A complete Responses object whose one message says `text` (what both servers' `/verify` read)."""
     return {"id": "resp_x", "object": "response", "created_at": 1.0, "model": "policy", "status": "completed",

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 
 from gymserve.testing import ServerProcess
-from tests.compat.nemo_gym import text_response
+from tests.compat.nemo_gym import GENEROUS_MATH_VERIFY, text_response
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first compat test may install NeMo-Gym
 
-NEMO_VERIFY = """
+NEMO_VERIFY = GENEROUS_MATH_VERIFY + """
 import asyncio
 from resources_servers.math_with_judge.app import (LibraryJudgeMathResourcesServer,
     LibraryJudgeMathResourcesServerConfig, LibraryJudgeMathVerifyRequest)
 config = LibraryJudgeMathResourcesServerConfig(host="127.0.0.1", port=1, entrypoint="app.py", name="math",
     judge_model_server={"type": "responses_api_models", "name": "judge"}, should_use_judge=False,
-    judge_responses_create_params={"input": []})
+    judge_responses_create_params={"input": []}, library_verifier_timeout_seconds=90)
 server = LibraryJudgeMathResourcesServer.model_construct(config=config)
 server._library_verifier_semaphore = asyncio.Semaphore(2)
 async def main():
@@ -55,7 +55,6 @@ def test_rewards_equal_nemo_gyms_on_its_rows_and_recorded_responses(nemo, workdi
             bodies.append({**row, "response": response})
             boxed.append(closed)
     theirs = nemo.python_json(NEMO_VERIFY, bodies, workdir)
-    # generous deadlines: the comparison is about answers, and a loaded machine must not turn a slow check into a 0
     with ServerProcess("resources/math", "math_verify_timeout_s=30", "verify_deadline_s=90") as server:
         ours = [server.post("/verify", body).json().get("reward") for body in bodies]
     # The intended difference: gymserve's math, as NeMo RL's math environment, also finds an answer

@@ -13,13 +13,13 @@ import json
 import pytest
 
 from gymserve.testing import ServerProcess
-from tests.compat.nemo_gym import text_response
+from tests.compat.nemo_gym import GENEROUS_MATH_VERIFY, text_response
 from tests.compat.test_math_differential import generated_answers
 from tests.contract.servers import start_all, stop_all
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-NEMO_VERIFY = """
+NEMO_VERIFY = GENEROUS_MATH_VERIFY + """
 import asyncio, os
 from omegaconf import OmegaConf
 from nemo_gym.server_utils import BaseServerConfig, ServerClient
@@ -28,7 +28,7 @@ from resources_servers.math_with_judge.app import (LibraryJudgeMathResourcesServ
 os.environ["NEMO_GYM_MODEL_SERVER_NAME"] = "judge"
 config = LibraryJudgeMathResourcesServerConfig(host="127.0.0.1", port=1, entrypoint="app.py", name="math",
     judge_model_server={"type": "responses_api_models", "name": "judge"}, should_use_judge=True,
-    judge_responses_create_params={"input": []})
+    judge_responses_create_params={"input": []}, library_verifier_timeout_seconds=90)
 client = ServerClient(head_server_config=BaseServerConfig(host="127.0.0.1", port=1),
                       global_config_dict=OmegaConf.create({}))
 server = LibraryJudgeMathResourcesServer.model_construct(config=config, server_client=client)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import error_body
-from .reply import send_json
+from .reply import TrackedSend, send_json
 from .request_id import request_id_of
 
 
@@ -29,7 +29,7 @@ class BodyLimitMiddleware:
             return
 
         received = 0
-        started = False
+        tracked = TrackedSend(send)
 
         async def receive_limited() -> Message:
             nonlocal received
@@ -40,15 +40,10 @@ class BodyLimitMiddleware:
                     raise _BodyTooLarge()
             return message
 
-        async def send_tracking(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
         try:
-            await self.app(scope, receive_limited, send_tracking)
+            await self.app(scope, receive_limited, tracked)
         except _BodyTooLarge:
-            if started:
+            if tracked.started:
                 raise
             await send_json(send, 413, error_body(
                 f"request body exceeds the limit of {self.limit} bytes", "payload_too_large", request_id_of(scope)))

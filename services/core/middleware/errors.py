@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import error_body
 from ..metrics import Metrics
-from .reply import send_json
+from .reply import TrackedSend, send_json
 from .request_id import request_id_of
 
 log = logging.getLogger("gymserve")
@@ -26,19 +26,14 @@ class ErrorReplyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def send_tracking(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        tracked = TrackedSend(send)
 
         try:
-            await self.app(scope, receive, send_tracking)
+            await self.app(scope, receive, tracked)
         except Exception as exc:
             log.exception("unhandled error on %s %s", scope["method"], scope["path"])
             self.metrics.failure("crash")
-            if started:
+            if tracked.started:
                 raise
             await send_json(send, 500, error_body(
                 f"internal error: {type(exc).__name__}: {exc}", "internal_error", request_id_of(scope)))

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import SimpleNamespace
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import GymError, error_body
 from ..metrics import Metrics
 from .paths import route_path
-from .reply import send_json
+from .reply import TrackedSend, send_json
 from .request_id import request_id_of
 
 
@@ -41,17 +41,12 @@ class MountsMiddleware:
         await self.app(scope, receive, send)
 
     async def _serve(self, mounted: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
-
-        async def send_tracking(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        tracked = TrackedSend(send)
 
         try:
-            await mounted(scope, receive, send_tracking)
+            await mounted(scope, receive, tracked)
         except GymError as exc:
-            if started:
+            if tracked.started:
                 raise
             if exc.status_code >= 500:
                 self.metrics.failure(getattr(exc, "kind", None) or "upstream")

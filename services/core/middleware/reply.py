@@ -5,7 +5,23 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from starlette.types import Send
+from starlette.types import Message, Send
+
+
+class TrackedSend:
+    """`send`, remembering whether the reply has started: a layer can answer with an error of its
+    own only before that."""
+
+    __slots__ = ("send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self.send(message)
 
 
 async def send_json(send: Send, status: int, body: dict[str, Any],

@@ -38,7 +38,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._replies = _Coalescing(transport, self.loop)  # a connection's replies go out one after another
+        self._replies = CoalescingTransport(transport, self.loop)  # a connection's replies go out one after another
         self._arm()  # a connection that never sends a byte is held no longer than one that trickles
 
     def on_message_begin(self) -> None:
@@ -88,7 +88,7 @@ def tune_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, 10, 10)
 
 
-class _Coalescing:
+class CoalescingTransport:
     """The reply's transport as uvicorn's request cycle sees it: the status line and headers are held
     until the body's first write (or the end of the loop's turn), so a small reply leaves in one
     segment: one write system call instead of two, and one read for the client."""

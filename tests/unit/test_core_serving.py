@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.core.serving import GC_GEN0_THRESHOLD, _Coalescing
+from services.core.serving import GC_GEN0_THRESHOLD, CoalescingTransport
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ class Recorder:
 
 async def test_headers_and_body_leave_in_one_write() -> None:
     transport = Recorder()
-    wrapped = _Coalescing(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+    wrapped = CoalescingTransport(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
     wrapped.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
     assert transport.writes == []
     wrapped.write(b"{}")
@@ -42,7 +42,7 @@ async def test_headers_and_body_leave_in_one_write() -> None:
 
 async def test_streamed_headers_are_flushed_at_the_end_of_the_loops_turn() -> None:
     transport = Recorder()
-    wrapped = _Coalescing(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+    wrapped = CoalescingTransport(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
     wrapped.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
     await asyncio.sleep(0)
     assert transport.writes == [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"]
@@ -52,7 +52,7 @@ async def test_streamed_headers_are_flushed_at_the_end_of_the_loops_turn() -> No
 
 async def test_close_sends_what_is_held_first() -> None:
     transport = Recorder()
-    wrapped = _Coalescing(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+    wrapped = CoalescingTransport(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
     wrapped.write(b"HTTP/1.1 204 No Content\r\n\r\n")
     wrapped.close()
     assert transport.writes == [b"HTTP/1.1 204 No Content\r\n\r\n"] and transport.closed

@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -189,6 +190,30 @@ def test_bad_tool_input_is_a_4xx(server):
     server.post("/close_session", {}, headers={"X-Session-Id": sid})
 
 
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_unsafe_mode_says_so_everywhere():
     with ServerProcess("resources/code", "sandbox=unsafe", "timeout_s=3") as proc:
         ready = proc.get("/ready").json()
@@ -202,6 +227,14 @@ def test_unsafe_mode_says_so_everywhere():
                 "truncated": False, "terminated": False, "sandbox": "unsafe"}
         assert [_tool(proc, sid, "print(n)").json()["stdout"] for sid in sids] == ["0\n", "1\n"]
         assert "SANDBOX DISABLED" in proc.log()
+        interpreters = _descendants(proc.proc.pid)  # the sessions' supervisors and their workers
+        assert len(interpreters) >= 4
+    # without a PID namespace nothing but the worker's own death signal ends a session's interpreter
+    # (it is in a session of its own, stopped between calls) when the server goes
+    deadline = time.monotonic() + 10
+    while any(map(_alive, interpreters)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, interpreters))
 
 
 def test_refuses_to_start_without_a_working_sandbox():

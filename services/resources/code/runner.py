@@ -401,6 +401,11 @@ class _GymSupervisor:
                     os.close(fd)
                 if not self.freeze_all:
                     os.setsid()  # its own process group, and its own session (scheduler autogroup), as before
+                    # without a PID namespace (sandbox=unsafe) nothing else ends it with the supervisor
+                    import ctypes
+                    ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGKILL
+                    if os.getppid() == 1:
+                        os._exit(70)  # the supervisor went before the line above
                 _gym_dumpable(1)
                 _gym_worker(theirs, theirs, limit)
             finally:

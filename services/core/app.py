@@ -20,7 +20,7 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp
 
 from .config import ServerConfig
-from .errors import BadRequest, GymError, error_body
+from .errors import BadRequest, GymError, counted_failure, error_body, gym_error_body
 from .metrics import Metrics
 from .middleware import (REQUEST_ID_HEADER, AdmissionControl, AuthMiddleware, BodyLimitMiddleware,
                          DisconnectMiddleware, ErrorReplyMiddleware, InputGuardMiddleware, MetricsMiddleware,
@@ -147,10 +147,8 @@ def create_app(
 
     @app.exception_handler(GymError)
     async def _gym_error(request: Request, exc: GymError) -> JSONResponse:
-        if exc.status_code >= 500:
-            metrics.failure(getattr(exc, "kind", None) or "upstream")
-        return JSONResponse(error_body(exc.message, exc.error_type, request_id(request), **exc.details),
-                            status_code=exc.status_code)
+        metrics.failure(counted_failure(exc))
+        return JSONResponse(gym_error_body(exc, request_id(request)), status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

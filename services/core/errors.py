@@ -74,3 +74,13 @@ def error_body(message: str, error_type: str, request_id: str | None = None, **d
         error["request_id"] = request_id
     error.update(redact(details))
     return {"detail": message, "error": error}
+
+
+def gym_error_body(exc: GymError, request_id: str | None = None) -> dict[str, Any]:
+    """The reply body of a `GymError`, wherever it is answered (a FastAPI route or a mounted app)."""
+    return error_body(exc.message, exc.error_type, request_id, **exc.details)
+
+
+def counted_failure(exc: GymError) -> str | None:
+    """The failure kind a `GymError` reply counts as in the metrics: a 5xx only (4xx are the caller's)."""
+    return str(getattr(exc, "kind", None) or "upstream") if exc.status_code >= 500 else None

@@ -127,6 +127,9 @@ def test_proxy_streams_a_chunked_request_body(head):
 def test_proxy_errors_name_the_server(head, hang_port):
     r = head.post("/servers/nobody/verify", json={})
     assert r.status_code == 404 and "nobody" in r.json()["detail"]
+    for path in ("/servers/", "/servers//verify"):  # no name at all: a 404 that says what is expected
+        r = head.get(path)
+        assert r.status_code == 404 and "/servers/<name>/<path>" in r.json()["detail"], (path, r.text)
     dead_port = free_port()
     leases = {"dead": head.post("/register", json={"name": "dead", "host": "127.0.0.1", "port": dead_port,
                                                    "ttl_s": 60}).json()["lease"]}

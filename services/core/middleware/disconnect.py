@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 class DisconnectMiddleware:
     """Outermost layer: runs the request in the server's own task and cancels that task when the client
     disconnects. A watcher task waits for the disconnect; the request itself is not moved to a task
-    of its own (a task per request less: on the head's proxy path that was a tenth of its CPU)."""
+    of its own (one task fewer per request, in every server)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..errors import GymError, error_body
+from ..errors import GymError, counted_failure, gym_error_body
 from ..metrics import Metrics
 from .paths import route_path
 from .reply import TrackedSend, send_json
@@ -48,7 +48,5 @@ class MountsMiddleware:
         except GymError as exc:
             if tracked.started:
                 raise
-            if exc.status_code >= 500:
-                self.metrics.failure(getattr(exc, "kind", None) or "upstream")
-            await send_json(send, exc.status_code, error_body(exc.message, exc.error_type, request_id_of(scope),
-                                                              **exc.details))
+            self.metrics.failure(counted_failure(exc))
+            await send_json(send, exc.status_code, gym_error_body(exc, request_id_of(scope)))

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -24,7 +26,8 @@ from .errors import BadRequest, GymError, counted_failure, error_body, gym_error
 from .metrics import Metrics
 from .middleware import (REQUEST_ID_HEADER, AdmissionControl, AuthMiddleware, BodyLimitMiddleware,
                          DisconnectMiddleware, ErrorReplyMiddleware, InputGuardMiddleware, MetricsMiddleware,
-                         MountsMiddleware, RequestIdMiddleware, admission_options, request_id_of)
+                         MountsMiddleware, ReplyMiddleware, RequestIdMiddleware, admission_options,
+                         request_id_of)
 from .openapi import HEALTH_DOC, READY_DOC, install
 from .text import reject_lone_surrogates
 
@@ -121,12 +124,14 @@ def create_app(
                 except Exception:  # shutdown must go on
                     log.exception("shutdown hook failed")
 
-    # Outermost first. Adding a concern is one line here; order matters: a request whose client went
-    # away is cancelled whatever layer it is in (an admission queue included), the request id wraps
-    # everything else, metrics count every reply (401/413/500 included), error replies catch what the
-    # layers inside them raise, the body limit answers its own overflow, and the input guard (inside it,
-    # so its buffering is bounded) answers a slow body or a depth bomb before any handler parses it.
+    # Outermost first. Adding a concern is one line here; order matters: the reply's record wraps `send`
+    # once for every layer inside it, a request whose client went away is cancelled whatever layer it is
+    # in (an admission queue included), the request id is set before anything can answer, metrics count
+    # every reply (401/413/500 included), error replies catch what the layers inside them raise, the body
+    # limit answers its own overflow, and the input guard (inside it, so its buffering is bounded) answers
+    # a slow body or a depth bomb before any handler parses it.
     middleware = [
+        Middleware(ReplyMiddleware),
         Middleware(DisconnectMiddleware),
         Middleware(RequestIdMiddleware),
         Middleware(MetricsMiddleware, metrics=metrics),
@@ -139,7 +144,7 @@ def create_app(
     if mounts:
         middleware.append(Middleware(MountsMiddleware, mounts=mounts, metrics=metrics))
     app = FastAPI(title=f"gymserve {config.kind or 'server'}: {config.name}", description=description,
-                  lifespan=lifespan, middleware=middleware)
+                  lifespan=lifespan, middleware=middleware, **_fastapi_telemetry())
     install(app)
     app.state.config = config
     app.state.metrics = metrics
@@ -178,6 +183,17 @@ def create_app(
         return Response(metrics.render(), media_type=metrics.content_type)
 
     return app
+
+
+def _fastapi_telemetry() -> dict[str, Any]:
+    """FastAPI's own OpenTelemetry layer (newer FastAPI) looks up the global providers on every request;
+    our metrics are Prometheus'. It stays on where OpenTelemetry is set up through the environment
+    (OTEL_* or FASTAPI_OTEL_* variables, as `opentelemetry-instrument` sets), and is off otherwise."""
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    if any(name.startswith(("OTEL_", "FASTAPI_OTEL_")) for name in os.environ):
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}}
 
 
 def server_type_name(kind: str) -> str:

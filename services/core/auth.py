@@ -36,13 +36,36 @@ def _read(path: str | Path) -> str | None:
         return None
 
 
+_key_file: tuple[str, tuple[int, int, int], str] | None = None  # (path, its stat, its key)
+# The key while GYMSERVE_API_KEY_FILE names a file that cannot be read (or is empty): one nobody
+# holds, so a removed or broken key file closes the server instead of opening it.
+_UNREADABLE_KEY_FILE = secrets.token_urlsafe(32)
+
+
+def _read_key_file(path: str) -> str:
+    """The key in `path`, read again only when the file changed: servers check the key on every
+    request, and a stat costs a fraction of an open and a read. A rotated file (rewritten or
+    replaced) is read on the next request."""
+    global _key_file
+    try:
+        st = os.stat(path)
+    except OSError:
+        return _UNREADABLE_KEY_FILE
+    stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+    if _key_file is None or _key_file[:2] != (path, stamp):
+        _key_file = (path, stamp, _read(path) or _UNREADABLE_KEY_FILE)
+    return _key_file[2]
+
+
 def api_key() -> str | None:
     """The key this server enforces and sends: GYMSERVE_API_KEY, else the GYMSERVE_API_KEY_FILE file."""
-    if os.environ.get(NO_AUTH_ENV) == "1":
+    environ = os.environ
+    if environ.get(NO_AUTH_ENV) == "1":
         return None
-    key = os.environ.get("GYMSERVE_API_KEY")
-    if not key and os.environ.get("GYMSERVE_API_KEY_FILE"):
-        key = _read(os.environ["GYMSERVE_API_KEY_FILE"])
+    key = environ.get("GYMSERVE_API_KEY")
+    if not key:
+        path = environ.get("GYMSERVE_API_KEY_FILE")
+        key = _read_key_file(path) if path else None
     return key or None
 
 

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Iterable
+from typing import Any, Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_MAX_CACHED_SERIES = 4096
 # Rewards are mostly in [0, 1] (tenths there), with coarser bins outside for reward models and sums.
 REWARD_BUCKETS = (-10, -5, -2, -1, -0.5, -0.25, 0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.5, 2, 5, 10)
 
@@ -41,6 +42,7 @@ class Metrics:
         self.info.labels(**labels).set(1)
 
         self._judges: JudgeMetrics | None = None
+        self._served: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     @property
     def judges(self) -> "JudgeMetrics":
@@ -48,6 +50,19 @@ class Metrics:
         if self._judges is None:
             self._judges = JudgeMetrics(self.registry)
         return self._judges
+
+    def served(self, method: str, path: str, status: int, elapsed: float) -> None:
+        """Count one request and its latency. The series are looked up once per (method, path, status):
+        prometheus_client's `labels()` checks and locks on every call, on every request of every server."""
+        key = (method, path, status)
+        series = self._served.get(key)
+        if series is None:
+            if len(self._served) >= _MAX_CACHED_SERIES:  # raw paths of unmatched routes: bound the cache
+                self._served.clear()
+            series = self._served[key] = (self.requests.labels(method=method, path=path, status=str(status)),
+                                          self.latency.labels(method=method, path=path))
+        series[0].inc()
+        series[1].observe(elapsed)
 
     def failure(self, kind: str | None, count: int = 1) -> None:
         if kind:

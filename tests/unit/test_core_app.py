@@ -71,6 +71,30 @@ async def test_auth_key_from_file(monkeypatch, tmp_path):
         assert (await c.post("/echo", json={}, headers={"Authorization": "Bearer from-file"})).status_code == 200
 
 
+async def test_a_rotated_key_file_takes_effect_on_the_next_request(monkeypatch, tmp_path):
+    """The key file is cached by its stat: a file rewritten in place or replaced by a rename is read
+    again at once, and a removed one leaves the server closed rather than open with the old key."""
+    monkeypatch.delenv("GYMSERVE_API_KEY", raising=False)
+    key = tmp_path / "key"
+    key.write_text("first\n")
+    monkeypatch.setenv("GYMSERVE_API_KEY_FILE", str(key))
+
+    async def status(token: str) -> int:
+        return (await c.post("/echo", json={}, headers={"Authorization": f"Bearer {token}"})).status_code
+
+    async with client(make_app()) as c:
+        assert await status("first") == 200
+        key.write_text("second-key\n")  # rewritten in place
+        assert (await status("first"), await status("second-key")) == (401, 200)
+        (tmp_path / "next").write_text("third-key!\n")
+        (tmp_path / "next").replace(key)  # replaced atomically, as rotation tools do
+        assert (await status("second-key"), await status("third-key!")) == (401, 200)
+        key.unlink()  # a removed key file closes the server, it does not open it
+        assert (await status("third-key!"), await status("")) == (401, 401)
+        key.write_text("")  # so does an empty one
+        assert await status("") == 401
+
+
 async def test_body_limit_413_with_and_without_content_length():
     async with client(make_app(max_body_bytes=100)) as c:
         r = await c.post("/echo", content=b'{"a": "' + b"x" * 200 + b'"}', headers={"content-type": "application/json"})

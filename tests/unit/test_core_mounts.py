@@ -72,3 +72,33 @@ async def test_a_mount_is_behind_auth_and_the_body_limit(monkeypatch):
         assert (await c.post("/things/a/b", content=b"x", headers=key)).status_code == 201
         too_big = await c.post("/things/a/b", content=b"x" * 100, headers=key)
         assert too_big.status_code == 413 and too_big.json()["error"]["type"] == "payload_too_large"
+
+
+async def test_one_record_of_the_reply_serves_every_layer(monkeypatch):
+    """The reply's record (the one `send` wrapper of the stack) gives the layers inside it the status,
+    the start and the end of a streamed reply: the id rides on its start line, metrics count the status
+    it started with, and a mount that fails after starting gets no second reply appended."""
+    monkeypatch.delenv("GYMSERVE_API_KEY", raising=False)
+    monkeypatch.delenv("GYMSERVE_API_KEY_FILE", raising=False)
+
+    async def stream(scope, receive, send) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 202, "headers": [(b"content-type", b"text/plain")]})
+        for chunk in (b"one ", b"two "):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if scope["path"].endswith("/break"):
+            raise NotFound("too late to answer with this")
+        await send({"type": "http.response.body", "body": b"three"})
+
+    config = ServerConfig(name="unit", kind="resources/unit", head_url=None)
+    app = create_app(config, mounts={"/stream/{path:path}": stream})
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://unit") as c:
+        r = await c.get("/stream/ok", headers={"X-Request-Id": "rid-s"})
+        assert (r.status_code, r.text, r.headers["x-request-id"]) == (202, "one two three", "rid-s")
+        broken = await c.get("/stream/break")
+        assert broken.status_code == 202 and broken.text == "one two "  # cut, not followed by a JSON error
+        metrics = (await c.get("/metrics")).text
+    counted = [line for line in metrics.splitlines()
+               if line.startswith("gymserve_requests_total{") and "/stream/" in line]
+    assert counted == ['gymserve_requests_total{method="GET",path="/stream/{path:path}",status="202"} 2.0']

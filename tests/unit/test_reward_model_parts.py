@@ -13,7 +13,7 @@ import statistics
 import pytest
 import torch
 
-from services.core.config import ConfigError, build_server_config
+from services.core.config import ConfigError, apply_overrides, build_server_config
 from services.core.errors import BadRequest
 from services.core.schemas import VerifyRequest
 from services.resources.reward_model.app import Config
@@ -248,6 +248,12 @@ def test_device_lists_parse():
     assert resolve_devices("cpu") == ["cpu"]
     assert resolve_devices("0,1") == ["cuda:0", "cuda:1"]
     assert build_server_config(Config, {"model_name": "m", "device": "cuda:2, 3"}, where="x").device == "2,3"
+    # `device=0` on the command line (the README's first example) arrives as a number, `device=[0,1]` as a list
+    overrides = apply_overrides({"model_name": "m"}, ["device=0"])
+    assert build_server_config(Config, overrides, where="x").device == "0"
+    assert build_server_config(Config, {"model_name": "m", "device": [0, 1]}, where="x").device == "0,1"
+    with pytest.raises(ConfigError, match="device"):
+        build_server_config(Config, {"model_name": "m", "device": 1.5}, where="x")
 
 
 async def test_missing_model_fails_startup_clearly(tmp_path):

@@ -13,6 +13,7 @@ from .errors import ErrorReplyMiddleware
 from .input_guard import InputGuardMiddleware
 from .metrics import MetricsMiddleware
 from .mounts import MountsMiddleware
+from .reply import ReplyMiddleware
 from .request_id import REQUEST_ID_HEADER, RequestIdMiddleware, request_id_of
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "MetricsMiddleware",
     "MountsMiddleware",
     "REQUEST_ID_HEADER",
+    "ReplyMiddleware",
     "RequestIdMiddleware",
     "admission_options",
     "request_id_of",

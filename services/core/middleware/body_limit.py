@@ -4,7 +4,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import error_body
-from .reply import TrackedSend, send_json
+from .reply import reply_of, send_json
 from .request_id import request_id_of
 
 
@@ -29,7 +29,6 @@ class BodyLimitMiddleware:
             return
 
         received = 0
-        tracked = TrackedSend(send)
 
         async def receive_limited() -> Message:
             nonlocal received
@@ -41,9 +40,9 @@ class BodyLimitMiddleware:
             return message
 
         try:
-            await self.app(scope, receive_limited, tracked)
+            await self.app(scope, receive_limited, send)
         except _BodyTooLarge:
-            if tracked.started:
+            if reply_of(scope).started:
                 raise
             await send_json(send, 413, error_body(
                 f"request body exceeds the limit of {self.limit} bytes", "payload_too_large", request_id_of(scope)))

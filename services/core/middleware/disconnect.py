@@ -14,11 +14,13 @@ import asyncio
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .reply import reply_of
+
 
 class DisconnectMiddleware:
-    """Outermost layer: runs the request in the server's own task and cancels that task when the client
-    disconnects. A watcher task waits for the disconnect; the request itself is not moved to a task
-    of its own (one task fewer per request, in every server)."""
+    """Outside every layer but the reply's record: runs the request in the server's own task and cancels
+    that task when the client disconnects. A watcher task waits for the disconnect; the request itself
+    is not moved to a task of its own (one task fewer per request, in every server)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -28,7 +30,8 @@ class DisconnectMiddleware:
             await self.app(scope, receive, send)
             return
         body_read = asyncio.Event()
-        state = {"replied": False, "cut": False, "done": False}
+        reply = reply_of(scope)
+        state = {"cut": False, "done": False}
         task = asyncio.current_task()
         assert task is not None
 
@@ -38,23 +41,18 @@ class DisconnectMiddleware:
                 body_read.set()
             return message
 
-        async def send_marked(message: Message) -> None:
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                state["replied"] = True
-            await send(message)
-
         async def watch() -> None:
             await body_read.wait()
             while not state["done"]:
                 if (await receive())["type"] == "http.disconnect":
-                    if not state["replied"] and not state["done"]:
+                    if not reply.finished and not state["done"]:
                         state["cut"] = True
                         task.cancel()
                     return
 
         watcher = asyncio.ensure_future(watch())
         try:
-            await self.app(scope, receive_body, send_marked)
+            await self.app(scope, receive_body, send)
         except asyncio.CancelledError:
             if not state["cut"]:  # cancelled from outside (the server's own shutdown): pass it on
                 raise

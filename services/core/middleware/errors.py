@@ -11,7 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import error_body
 from ..metrics import Metrics
-from .reply import TrackedSend, send_json
+from .reply import reply_of, send_json
 from .request_id import request_id_of
 
 log = logging.getLogger("gymserve")
@@ -26,14 +26,12 @@ class ErrorReplyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        tracked = TrackedSend(send)
-
         try:
-            await self.app(scope, receive, tracked)
+            await self.app(scope, receive, send)
         except Exception as exc:
             log.exception("unhandled error on %s %s", scope["method"], scope["path"])
             self.metrics.failure("crash")
-            if tracked.started:
+            if reply_of(scope).started:
                 raise
             await send_json(send, 500, error_body(
                 f"internal error: {type(exc).__name__}: {exc}", "internal_error", request_id_of(scope)))

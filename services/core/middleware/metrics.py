@@ -4,10 +4,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..metrics import Metrics
 from .paths import route_path
+from .reply import reply_of
 
 
 class MetricsMiddleware:
@@ -21,32 +22,22 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status = 500  # what the client sees if nothing answers
-        started = False
-
-        async def send_recording(message: Message) -> None:
-            nonlocal status, started
-            if message["type"] == "http.response.start":
-                status, started = message["status"], True
-            await send(message)
-
+        reply = reply_of(scope)
+        unanswered = 500  # what the client sees if nothing answers
         start = time.perf_counter()
         self.metrics.in_flight.inc()
         try:
-            await self.app(scope, receive, send_recording)
+            await self.app(scope, receive, send)
         except asyncio.CancelledError:
-            if not started:
-                status = 499  # cancelled unanswered: its client went away (or the server is stopping)
+            unanswered = 499  # cancelled unanswered: its client went away (or the server is stopping)
             raise
         finally:
             self.metrics.in_flight.dec()
-            self._observe(scope, status, time.perf_counter() - start)
+            self._observe(scope, reply.status if reply.started else unanswered, time.perf_counter() - start)
 
     def _observe(self, scope: Scope, status: int, elapsed: float) -> None:
         route = scope.get("route")
         path = getattr(route, "path", None) or ("unmatched" if status == 404 else route_path(scope)[:64])
         if path == "/metrics":
             return
-        method = scope["method"]
-        self.metrics.requests.labels(method=method, path=path, status=str(status)).inc()
-        self.metrics.latency.labels(method=method, path=path).observe(elapsed)
+        self.metrics.served(scope["method"], path, status, elapsed)

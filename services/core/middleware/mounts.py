@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..errors import GymError, counted_failure, gym_error_body
 from ..metrics import Metrics
 from .paths import route_path
-from .reply import TrackedSend, send_json
+from .reply import reply_of, send_json
 from .request_id import request_id_of
 
 
@@ -41,12 +41,10 @@ class MountsMiddleware:
         await self.app(scope, receive, send)
 
     async def _serve(self, mounted: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
-        tracked = TrackedSend(send)
-
         try:
-            await mounted(scope, receive, tracked)
+            await mounted(scope, receive, send)
         except GymError as exc:
-            if tracked.started:
+            if reply_of(scope).started:
                 raise
             self.metrics.failure(counted_failure(exc))
             await send_json(send, exc.status_code, gym_error_body(exc, request_id_of(scope)))

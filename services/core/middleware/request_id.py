@@ -5,7 +5,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .reply import reply_of
 
 REQUEST_ID_HEADER = "x-request-id"
 _HEADER = REQUEST_ID_HEADER.encode()
@@ -17,7 +19,7 @@ def request_id_of(scope: Mapping[str, Any]) -> str | None:
 
 
 class RequestIdMiddleware:
-    """Outermost layer, so every reply (401, 413, 500 included) carries the id."""
+    """Outside every layer that may answer, so every reply (401, 413, 500 included) carries the id."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -29,11 +31,5 @@ class RequestIdMiddleware:
         given = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == _HEADER), None)
         request_id = given or os.urandom(8).hex()  # 16 hex digits, a fifth of uuid4()'s cost
         scope.setdefault("state", {})["request_id"] = request_id
-        encoded = request_id.encode("latin-1", "replace")
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (_HEADER, encoded)]
-            await send(message)
-
-        await self.app(scope, receive, send_with_id)
+        reply_of(scope).headers.append((_HEADER, request_id.encode("latin-1", "replace")))
+        await self.app(scope, receive, send)

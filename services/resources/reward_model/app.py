@@ -66,12 +66,14 @@ class Config(ResourceConfig):
     trust_remote_code: bool = False
     use_pool: bool = Field(False, description="unused: scoring runs on the model's inference threads")
 
-    @field_validator("device")
+    @field_validator("device", mode="before")
     @classmethod
-    def _device(cls, value: str | None) -> str | None:
+    def _device(cls, value: object) -> str | None:
         if value is None:
             return None
-        value = str(value).strip()
+        if isinstance(value, (list, tuple)):  # device=[0,1] on the command line, or a YAML list
+            value = ",".join(str(v) for v in value)
+        value = str(value).strip()  # device=0 arrives as the number 0
         if value in ("", "auto", "cpu", "cuda"):
             return value or None
         parts = [p.strip().removeprefix("cuda:") for p in value.split(",")]

@@ -9,7 +9,10 @@ speed drifts by tens of percent within a minute, so two whole phases one after t
 compare the drift more than the sides. A minimal keep-alive client honours 503 + Retry-After.
 Prints per side the throughput over all slices, p50/p99/max latency and p99/p50, the ratio
 head/direct, and the range of the per-slice ratios. Aims: head/direct >= 0.9 at concurrency 64;
-p99 <= 4x p50 at 64 and 256.
+p99 <= 4x p50 at 64 and 256. Per side it also prints where the cores went, in CPU ms per item
+(from /proc): the head, the math server's own process, its pool workers and this client, so a
+gap between the sides can be read as the head's own work or as the servers' work growing
+beside it.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +30,20 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from gymserve.testing import ServerProcess, verify_body  # noqa: E402
-from verify_math import drive, make_items, pct  # noqa: E402
+from verify_math import cpu_seconds, drive, make_items, pct  # noqa: E402
+
+PARTS = ("head", "math server", "math workers", "client")
 
 
 def phase(port: int, path: str, bodies: list[bytes], concurrency: int) -> tuple[float, list[float]]:
     wall, lat, _ = asyncio.run(drive(port, path, bodies, concurrency))
     return wall, lat
+
+
+def cpu_now(math_pid: int, head_pid: int) -> tuple[float, ...]:
+    """CPU seconds so far of each of PARTS."""
+    math, head = cpu_seconds(math_pid), cpu_seconds(head_pid)
+    return head["server"], math["server"], math["workers"], time.process_time()
 
 
 def summary(walls: list[float], lat: list[float], items: int) -> dict[str, Any]:
@@ -63,13 +75,17 @@ def main() -> int:
             phase(math.port, "/verify", bodies[:200], 16)  # warm-up: parse caches, connections
             phase(head.port, "/servers/math/verify", bodies[:200], 16)
             sides = {"direct": (math.port, "/verify"), "head": (head.port, "/servers/math/verify")}
+            pids = (math.proc.pid, head.proc.pid)  # type: ignore[union-attr]
             for c in levels:
                 walls: dict[str, list[float]] = {"direct": [], "head": []}
                 lats: dict[str, list[float]] = {"direct": [], "head": []}
+                cpu = {"direct": [0.0] * len(PARTS), "head": [0.0] * len(PARTS)}
                 for k in range(args.slices):
                     part = bodies[k * size:(k + 1) * size]
                     for side in ("direct", "head") if k % 2 == 0 else ("head", "direct"):
+                        before = cpu_now(*pids)
                         wall, lat = phase(*sides[side], part, c)
+                        cpu[side] = [t + b - a for t, a, b in zip(cpu[side], before, cpu_now(*pids))]
                         walls[side].append(wall)
                         lats[side] += lat
                 direct, via = (summary(walls[side], lats[side], len(bodies)) for side in ("direct", "head"))
@@ -79,8 +95,12 @@ def main() -> int:
                 print("  " + show("via head  ", via))
                 print(f"  head/direct throughput {via['rate'] / direct['rate']:.2f} (aim >= 0.9 at 64; slices "
                       f"{per_slice[0]:.2f} to {per_slice[-1]:.2f}); p99/p50 direct "
-                      f"{direct['p99'] / direct['p50']:.1f}, via head {via['p99'] / via['p50']:.1f} (aim <= 4)",
-                      flush=True)
+                      f"{direct['p99'] / direct['p50']:.1f}, via head {via['p99'] / via['p50']:.1f} (aim <= 4)")
+                for side in ("direct", "head"):
+                    per_item = [seconds / len(bodies) * 1000 for seconds in cpu[side]]
+                    print(f"  CPU ms per item, {side:6}: " + ", ".join(
+                        f"{name} {ms:.2f}" for name, ms in zip(PARTS, per_item)) + f"; all {sum(per_item):.2f}")
+                print(flush=True)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 

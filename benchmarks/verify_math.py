@@ -112,8 +112,9 @@ def in_process(items: list[tuple[str, str]], workers: int) -> dict[str, Any]:
 # minimal keep-alive HTTP/1.1 client
 # --------------------------------------------------------------------------- #
 class Conn:
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, key: str | None = None) -> None:
         self.port = port
+        self.extra = f"Authorization: Bearer {key}\r\n".encode() if key else b""
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.retry_after = 0.0  # Retry-After of the last reply (503 from a full queue)
@@ -122,8 +123,8 @@ class Conn:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         assert self.reader is not None
-        self.writer.write(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                          b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body))
+        self.writer.write(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n%s"
+                          b"Content-Length: %d\r\n\r\n%s" % (path.encode(), self.extra, len(body), body))
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head.split(b" ", 2)[1])
         length = 0
@@ -140,13 +141,14 @@ class Conn:
             self.writer.close()
 
 
-async def drive(port: int, path: str, bodies: list[bytes], concurrency: int) -> tuple[float, list[float], list[bytes]]:
+async def drive(port: int, path: str, bodies: list[bytes], concurrency: int,
+                key: str | None = None) -> tuple[float, list[float], list[bytes]]:
     latencies: list[float] = [0.0] * len(bodies)
     replies: list[bytes] = [b""] * len(bodies)
     next_index = iter(range(len(bodies)))
 
     async def worker() -> None:
-        conn = Conn(port)
+        conn = Conn(port, key)
         try:
             for i in next_index:
                 t = time.perf_counter()

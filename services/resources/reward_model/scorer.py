@@ -75,6 +75,18 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False) -> Any:
     return tokenizer
 
 
+def skip_cudnn_attention(device: str) -> None:
+    """On a GPU, let attention use PyTorch's flash and memory-efficient kernels, not cuDNN's. cuDNN
+    builds an execution plan for every new (batch size, length) shape, on the CPU, and a dynamic
+    batcher makes nearly every batch a new shape: on an H200 a fresh batch of 32 took 93 ms that
+    way against 7.7 ms with the memory-efficient kernel (6.7 ms either way for shapes seen before).
+    Process-wide: the reward model server is the process's only model user."""
+    import torch
+
+    if device != "cpu" and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 class HFScorer:
     """One model replica on one device. `score` is called from that replica's single inference thread."""
 
@@ -107,6 +119,7 @@ class HFScorer:
                              f"(num_labels=1), this one has num_labels={num_labels}")
         if getattr(model.config, "pad_token_id", None) is None:
             model.config.pad_token_id = pad_id  # HF refuses batches > 1 without one (fallback path)
+        skip_cudnn_attention(device)
         model.to(torch.device(device)).eval()
         scorer = cls(model, device, pad_id=pad_id, padding_side=padding_side)
         scorer.score([[pad_id, pad_id]])  # warm-up: first-call kernel setup off the request path

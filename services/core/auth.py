@@ -12,6 +12,7 @@ head lists as started by its stack (`trust`), never to a URL that merely registe
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -21,6 +22,7 @@ OPEN_PATHS = frozenset({"/", "/health", "/ready"})
 NO_AUTH_ENV = "GYMSERVE_NO_AUTH"  # "1": the loopback-only opt-out of `gymserve up --no-auth`
 
 _trusted: set[str] = set()
+log = logging.getLogger("gymserve.auth")
 
 
 def default_key_file() -> Path:
@@ -36,7 +38,7 @@ def _read(path: str | Path) -> str | None:
         return None
 
 
-_key_file: tuple[str, tuple[int, int, int], str] | None = None  # (path, its stat, its key)
+_key_file: tuple[str, tuple[int, int, int] | None, str] | None = None  # (path, its stat, its key)
 # The key while GYMSERVE_API_KEY_FILE names a file that cannot be read (or is empty): one nobody
 # holds, so a removed or broken key file closes the server instead of opening it.
 _UNREADABLE_KEY_FILE = secrets.token_urlsafe(32)
@@ -49,11 +51,15 @@ def _read_key_file(path: str) -> str:
     global _key_file
     try:
         st = os.stat(path)
+        stamp: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
     except OSError:
-        return _UNREADABLE_KEY_FILE
-    stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        stamp = None  # no such file (or no access to it)
     if _key_file is None or _key_file[:2] != (path, stamp):
-        _key_file = (path, stamp, _read(path) or _UNREADABLE_KEY_FILE)
+        key = _read(path) if stamp else None
+        if key is None:  # said once per change of the file, not per request
+            log.warning("GYMSERVE_API_KEY_FILE=%s cannot be read or is empty: every request is refused "
+                        "(and a client sends no valid key) until it holds the key", path)
+        _key_file = (path, stamp, key or _UNREADABLE_KEY_FILE)
     return _key_file[2]
 
 

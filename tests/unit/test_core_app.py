@@ -71,7 +71,7 @@ async def test_auth_key_from_file(monkeypatch, tmp_path):
         assert (await c.post("/echo", json={}, headers={"Authorization": "Bearer from-file"})).status_code == 200
 
 
-async def test_a_rotated_key_file_takes_effect_on_the_next_request(monkeypatch, tmp_path):
+async def test_a_rotated_key_file_takes_effect_on_the_next_request(monkeypatch, tmp_path, caplog):
     """The key file is cached by its stat: a file rewritten in place or replaced by a rename is read
     again at once, and a removed one leaves the server closed rather than open with the old key."""
     monkeypatch.delenv("GYMSERVE_API_KEY", raising=False)
@@ -93,6 +93,8 @@ async def test_a_rotated_key_file_takes_effect_on_the_next_request(monkeypatch, 
         assert (await status("third-key!"), await status("")) == (401, 401)
         key.write_text("")  # so does an empty one
         assert await status("") == 401
+    said = [r.getMessage() for r in caplog.records if "cannot be read or is empty" in r.getMessage()]
+    assert len(said) == 2 and str(key) in said[0]  # once when removed, once when emptied: not per request
 
 
 async def test_body_limit_413_with_and_without_content_length():

@@ -4,11 +4,11 @@ Request and response bodies are streamed (never buffered whole), status codes an
 end-to-end headers are kept; hop-by-hop headers are dropped as RFC 9110 asks.
 An unknown name is a 404 naming it; an unreachable server a 502, a slow one a 504.
 
-Upstream calls go through one pooled aiohttp session (keep-alive connections reused
-across requests, no per-request client setup): it costs a fraction of httpx's CPU per
-request, which on a small machine is the head's throughput. Small bodies (up to
-`BUFFER_MAX_BYTES` with a Content-Length) are passed on in one piece, which is cheaper
-than a chunk iterator; larger or unsized ones (uploads, SSE streams) are streamed.
+Upstream calls go through one pool of keep-alive connections (`services.core.http_pool`),
+whose CPU per call is a fraction of a general client's: on a machine the servers behind the
+head keep busy, the head's CPU per request is their throughput. Small bodies (up to
+`BUFFER_MAX_BYTES` with a Content-Length) are passed on in one piece; larger or unsized ones
+(uploads, SSE streams) are streamed, with flow control both ways.
 
 Safety: the path is passed on exactly as the client encoded it (decoded once, by the server
 that answers, so `%252e` stays `%2e` there) and a `.`/`..` segment is refused, so a request
@@ -19,19 +19,18 @@ the head's) goes only to servers of the head's stack, never to a self-registered
 """
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
 import secrets
 from typing import AsyncIterator, Callable
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
-import aiohttp
 from starlette.types import Receive, Scope, Send
-from yarl import URL
 
 from services.core.auth import auth_headers
 from services.core.errors import BadRequest, GymError, NotFound, UpstreamError
 from services.core.failures import FailureKind
+from services.core.http_pool import ConnectionPool, Origin, Reply, UpstreamClosed, UpstreamTimeout
 from services.core.middleware import request_id_of
 
 from .registry import Instance
@@ -50,31 +49,36 @@ BUFFER_MAX_BYTES = 1 << 20
 VIA_HEADER = "x-gymserve-via"
 _VIA_BYTES = VIA_HEADER.encode()
 MAX_VIA = 8  # heads a request may pass through (a chain of heads, each proxying to the next)
+# the head sets these itself; `expect` was the head's to answer (it has read or streams the body)
+_FORWARD_DROP = frozenset(h.encode() for h in HOP_BY_HOP) | {
+    b"x-request-id", _VIA_BYTES, b"x-forwarded-for", b"x-forwarded-prefix", b"expect"}
+_CHAINED = frozenset({_VIA_BYTES, b"x-forwarded-for", b"authorization"})  # a second value is appended
 
 
-def _forward_headers(scope: Scope, name: str, *, trusted: bool, via: str) -> list[tuple[str, str]]:
-    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
-    drop = set(HOP_BY_HOP)
-    drop.update(h.strip().lower() for k, v in headers if k == "connection" for h in v.split(",") if h.strip())
-    drop.update(("x-request-id", VIA_HEADER, "x-forwarded-for", "x-forwarded-prefix"))
-    if not trusted:
-        drop.add("authorization")  # a URL that only registered itself never sees a key
-    prior: dict[str, str] = {}
+def _forward_headers(scope: Scope, name: str, *, trusted: bool, via: bytes) -> list[tuple[bytes, bytes]]:
+    headers: list[tuple[bytes, bytes]] = scope["headers"]
+    drop = set(_FORWARD_DROP)
     for k, v in headers:
-        if k in (VIA_HEADER, "x-forwarded-for", "authorization"):
-            prior[k] = f"{prior[k]}, {v}" if k in prior else v
+        if k == b"connection":
+            drop.update(h.strip().lower() for h in v.split(b",") if h.strip())
+    if not trusted:
+        drop.add(b"authorization")  # a URL that only registered itself never sees a key
+    prior: dict[bytes, bytes] = {}
+    for k, v in headers:
+        if k in _CHAINED:
+            prior[k] = prior[k] + b", " + v if k in prior else v
     out = [(k, v) for k, v in headers if k not in drop]
     rid = request_id_of(scope)
     if rid:
-        out.append(("x-request-id", rid))  # one id for the whole hop, in both servers' logs
-    if trusted and "authorization" not in prior:
-        out.extend(auth_headers().items())  # the head's own key, when it has one
-    prior_via = prior.get(VIA_HEADER)
-    out.append((VIA_HEADER, f"{prior_via}, {via}" if prior_via else via))
-    client = scope["client"][0] if scope.get("client") else ""
-    forwarded = prior.get("x-forwarded-for")
-    out.append(("x-forwarded-for", f"{forwarded}, {client}" if forwarded else client))
-    out.append(("x-forwarded-prefix", f"/servers/{name}"))
+        out.append((b"x-request-id", rid.encode("latin-1")))  # one id for the whole hop, in both servers' logs
+    if trusted and b"authorization" not in prior:
+        out.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in auth_headers().items())
+    prior_via = prior.get(_VIA_BYTES)
+    out.append((_VIA_BYTES, prior_via + b", " + via if prior_via else via))
+    client = scope["client"][0].encode("latin-1") if scope.get("client") else b""
+    forwarded = prior.get(b"x-forwarded-for")
+    out.append((b"x-forwarded-for", forwarded + b", " + client if forwarded else client))
+    out.append((b"x-forwarded-prefix", b"/servers/" + name.encode("utf-8")))
     return out
 
 
@@ -86,28 +90,27 @@ class Proxy:
     def __init__(self, lookup: Callable[[str], Instance | None], *, connect_timeout_s: float = 10.0,
                  read_timeout_s: float = 600.0, max_connections: int = 1024) -> None:
         self.lookup = lookup
-        self.timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
         self.max_connections = max_connections
-        self.via = secrets.token_hex(8)  # this head's id in X-Gymserve-Via
-        self._session: aiohttp.ClientSession | None = None
+        self.via = secrets.token_hex(8).encode()  # this head's id in X-Gymserve-Via
+        self._pool: ConnectionPool | None = None
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, keepalive_timeout=30)
-            # no automatic decompression and no added headers: bytes pass through as the two ends sent them
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=self.timeout, trust_env=False, auto_decompress=False,
-                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"))
-        return self._session
+    def pool(self) -> ConnectionPool:
+        if self._pool is None:  # made on the serving loop, on first use
+            self._pool = ConnectionPool(connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s,
+                                        max_connections=self.max_connections)
+        return self._pool
 
     async def aclose(self) -> None:
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
+        if self._pool is not None:
+            await self._pool.aclose()
+            self._pool = None
 
     def _check_loop(self, scope: Scope) -> None:
-        given = ",".join(v.decode("latin-1") for k, v in scope["headers"] if k == _VIA_BYTES)
-        hops = [h.strip() for h in given.split(",") if h.strip()]
+        given = b",".join(v for k, v in scope["headers"] if k == _VIA_BYTES)
+        hops = [h.strip() for h in given.split(b",") if h.strip()]
         if self.via in hops or len(hops) >= MAX_VIA:
             raise GymError(f"{VIA_HEADER}: this request already passed through this head ({len(hops)} hops): "
                            "a registered URL points back at the head", status_code=508)
@@ -124,61 +127,55 @@ class Proxy:
         inst = self.lookup(name)
         if inst is None:
             raise NotFound(f"no server named {name!r} is registered with the head (see GET /server_instances)")
-        url = _target(inst.url, scope, rest)
+        origin, target = _target(inst.url, scope, rest)
         headers = _forward_headers(scope, name, trusted=inst.trusted, via=self.via)
         method = scope["method"]
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         data: bytes | AsyncIterator[bytes] | None = None
-        body: _Body | None = None
         if length is not None and length.isdigit() and int(length) <= BUFFER_MAX_BYTES:
             data = await _read_body(receive) if int(length) else None
             if data is not None:
-                headers.append(("Content-Length", str(len(data))))
+                headers.append((b"content-length", b"%d" % len(data)))
         elif length is not None or any(k == b"transfer-encoding" for k, _ in scope["headers"]):
-            body = _Body(receive)
-            data = body.chunks()
+            data = _chunks(receive)
             if length is not None:
-                headers.append(("Content-Length", length.decode("latin-1")))  # sent as is, not re-chunked
+                headers.append((b"content-length", length))  # sent as is, not re-chunked
         try:
-            upstream = await self.session.request(
-                method, url, headers=headers, data=data, allow_redirects=False, compress=None, chunked=None)
-        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
-            raise UpstreamError(f"server {name!r} at {inst.url} did not answer {method} /{rest} "
-                                f"within the {self.timeout.sock_read:g}s read timeout",
-                                kind=FailureKind.TIMEOUT) from None
-        except (aiohttp.ClientError, _ClientGone) as exc:
-            if body is not None and body.error is not None:
-                raise body.error from None  # our own reading failed (a body over the limit: 413), not the server
-            if isinstance(exc, _ClientGone):
-                raise
-            raise UpstreamError(f"cannot reach server {name!r} at {inst.url}: {type(exc).__name__}: {exc}",
+            upstream = await self.pool.request(origin, method, target, headers, data)
+        except UpstreamTimeout as exc:
+            waited = (f"did not accept a connection within the {self.connect_timeout_s:g}s connect timeout"
+                      if exc.connecting else f"did not answer {method} /{rest} within the "
+                      f"{self.read_timeout_s:g}s read timeout")
+            raise UpstreamError(f"server {name!r} at {inst.url} {waited}", kind=FailureKind.TIMEOUT) from None
+        except UpstreamClosed as exc:
+            raise UpstreamError(f"cannot reach server {name!r} at {inst.url}: {exc}",
                                 kind=FailureKind.UPSTREAM) from None
         try:
             await self._reply(upstream, name, inst.url, send)
         finally:
             upstream.release()
 
-    async def _reply(self, upstream: aiohttp.ClientResponse, name: str, base: str, send: Send) -> None:
-        raw_headers = [(k.lower(), v) for k, v in upstream.raw_headers if k.lower() not in _RESPONSE_DROP_BYTES]
-        size = upstream.headers.get("Content-Length")
-        sized = size is not None and "Transfer-Encoding" not in upstream.headers
+    async def _reply(self, upstream: Reply, name: str, base: str, send: Send) -> None:
+        headers = [(k, v) for k, v in upstream.headers if k not in _RESPONSE_DROP_BYTES]
+        size = upstream.header(b"content-length")
+        sized = size is not None and size.isdigit() and upstream.header(b"transfer-encoding") is None
         if sized:
-            raw_headers.append((b"content-length", size.encode("latin-1")))
-        if sized and int(size) <= BUFFER_MAX_BYTES:
+            headers.append((b"content-length", size))  # type: ignore[arg-type]
+        if sized and int(size) <= BUFFER_MAX_BYTES:  # type: ignore[arg-type]
             try:
                 payload = await upstream.read()
-            except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-                raise UpstreamError(f"server {name!r} at {base} broke off its reply: {type(exc).__name__}",
-                                    kind=FailureKind.TIMEOUT if isinstance(exc, asyncio.TimeoutError)
+            except (UpstreamTimeout, UpstreamClosed) as exc:
+                raise UpstreamError(f"server {name!r} at {base} broke off its reply: {exc}",
+                                    kind=FailureKind.TIMEOUT if isinstance(exc, UpstreamTimeout)
                                     else FailureKind.UPSTREAM) from None
-            await send({"type": "http.response.start", "status": upstream.status, "headers": raw_headers})
+            await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
             await send({"type": "http.response.body", "body": payload})
             return
-        await send({"type": "http.response.start", "status": upstream.status, "headers": raw_headers})
+        await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
         try:
-            async for chunk in upstream.content.iter_any():
+            async for chunk in upstream.chunks():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:  # the status line is sent: all we can do is cut
+        except (UpstreamTimeout, UpstreamClosed) as exc:  # the status line is sent: all we can do is cut
             log.warning("stream from %s broke off: %s", name, exc)
         await send({"type": "http.response.body", "body": b""})
 
@@ -192,8 +189,9 @@ def _split(scope: Scope) -> tuple[str, str]:
     return unquote(parts[2]), parts[3] if len(parts) > 3 else ""
 
 
-def _target(base: str, scope: Scope, rest: str) -> URL:
-    """`base` + the request's path as the client encoded it (never decoded twice) + its query.
+def _target(base: str, scope: Scope, rest: str) -> tuple[Origin, bytes]:
+    """Where `base` lives, and the request target: `base`'s path + the request's path as the client
+    encoded it (never decoded twice) + its query.
 
     A segment that the upstream would read as `.` or `..` (`%2e%2e` included) is refused rather than
     resolved, so the target stays under `base`'s path. `%252e` is passed on as is: the upstream
@@ -202,8 +200,17 @@ def _target(base: str, scope: Scope, rest: str) -> URL:
         decoded = unquote(segment)
         if decoded in (".", ".."):
             raise BadRequest(f"path: a {decoded!r} segment is not allowed in a proxied path ({unquote(rest)!r})")
-    query = scope.get("query_string", b"").decode("latin-1")
-    return URL(f"{base}/{rest}" + (f"?{query}" if query else ""), encoded=True)
+    origin, prefix = _origin(base)
+    query: bytes = scope.get("query_string", b"")
+    target = prefix + b"/" + rest.encode("latin-1")
+    return origin, target + b"?" + query if query else target
+
+
+@functools.lru_cache(maxsize=1024)
+def _origin(base: str) -> tuple[Origin, bytes]:
+    """A registered URL's origin and path prefix (`http://host:port/prefix`), parsed once."""
+    parts = urlsplit(base)
+    return Origin(parts.scheme, parts.hostname or "", parts.port), parts.path.rstrip("/").encode("latin-1")
 
 
 class _ClientGone(Exception):
@@ -221,23 +228,13 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-class _Body:
-    """A request body streamed upstream; remembers an error of our own reading (the body limit's)."""
-
-    def __init__(self, receive: Receive) -> None:
-        self.receive = receive
-        self.error: BaseException | None = None
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        try:
-            while True:
-                message = await self.receive()
-                if message["type"] == "http.disconnect":
-                    raise _ClientGone()
-                if message.get("body"):
-                    yield message["body"]
-                if not message.get("more_body", False):
-                    return
-        except Exception as exc:
-            self.error = exc
-            raise
+async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
+    """A request body streamed upstream; the body limit's 413 (raised by `receive`) comes out of it."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone()
+        if message.get("body"):
+            yield message["body"]
+        if not message.get("more_body", False):
+            return

@@ -127,9 +127,12 @@ class _Connection(asyncio.Protocol):
             self.spent = True  # a second reply to one request: whatever it is, the connection is not reused
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name.lower(), value))
+        if not self.spent:
+            self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
+        if self.spent:
+            return
         status = self.parser.get_status_code()
         if 100 <= status < 200:
             self.interim = True  # 100 Continue, 103 Early Hints: the real reply follows
@@ -145,6 +148,8 @@ class _Connection(asyncio.Protocol):
             self._complete(reusable=False)
 
     def on_body(self, body: bytes) -> None:
+        if self.spent:
+            return
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > _READ_HIGH_WATER and self.transport is not None:
@@ -346,7 +351,7 @@ class ConnectionPool:
     async def _connection(self, origin: Origin, *, fresh: bool = False) -> _Connection:
         idle = self._idle.get(origin.key)
         if idle and not fresh:
-            horizon = asyncio.get_running_loop().time() - self.idle_s
+            horizon = idle[-1].loop.time() - self.idle_s
             while idle and idle[0].idle_since < horizon:  # the oldest first: they expire in order
                 idle.pop(0).abort()
             if idle:
@@ -376,7 +381,7 @@ class ConnectionPool:
         conn.busy = False
         if conn.done and conn.reusable and not conn.spent and not conn.closed and not self._closed:
             conn.chunks.clear()  # a body the caller did not read is complete: the connection is clean
-            conn.idle_since = asyncio.get_running_loop().time()
+            conn.idle_since = conn.loop.time()  # (asyncio.get_running_loop() is a getpid() system call on 3.11)
             self._idle.setdefault(conn.key, []).append(conn)
         else:
             conn.abort()

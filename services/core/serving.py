@@ -1,5 +1,6 @@
 """How every server is served: uvicorn with a deadline on reading request headers, replies that
-leave in one write, and a garbage collector tuned for a long-running server.
+leave in one write, requests told when their connection is lost, and a garbage collector tuned for
+a long-running server.
 
 uvicorn times out idle keep-alive connections but not a client that sends its request line
 and headers one byte at a time (slowloris): each byte restarts nothing and the connection is
@@ -13,6 +14,8 @@ import gc
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from .middleware.disconnect import DISCONNECT_EXTENSION, DisconnectHooks
 
 _TIMEOUT_REPLY = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
                   b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
@@ -39,6 +42,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._replies = CoalescingTransport(transport, self.loop)  # a connection's replies go out one after another
+        self._lost = DisconnectHooks()  # the requests on this connection, cut when it goes
         self._arm()  # a connection that never sends a byte is held no longer than one that trickles
 
     def on_message_begin(self) -> None:
@@ -50,6 +54,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not None:
             self.cycle.transport = self._replies  # type: ignore[assignment]
+            scope: dict[str, Any] = self.cycle.scope  # type: ignore[assignment]
+            scope.setdefault("extensions", {})[DISCONNECT_EXTENSION] = self._lost
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -58,6 +64,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        self._lost.lost()
 
     def _headers_too_slow(self) -> None:
         self._header_timer = None

@@ -3,14 +3,22 @@ a caller that gives up on an agent's rollout leaves neither the agent nor the mo
 nobody. Real servers: `models/stub` scripted to sleep 600 s, `resources/exact_match`, `agents/simple_agent`."""
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
 import time
 
 import httpx
 import pytest
+import uvicorn
+from fastapi import Request
 
 from gymserve.testing import ServerProcess
+from services.core.app import create_app
+from services.core.config import ServerConfig
+from services.core.loader import free_port
+from services.core.serving import guarded_protocol
 
 # the stub's reply would come only after 600 s: within the test's timeout, only a cancellation ends the request
 SLEEPER = {"responses_create_params": {"input": [{"role": "user", "content": "q"}],
@@ -46,3 +54,45 @@ def test_a_caller_giving_up_cancels_the_agent_and_the_model_call_behind_it():
         _wait_cancelled(stub, "/v1/responses")
         # the servers go on answering
         assert stub.post("/v1/responses", {"input": "q"}).json()["output"][0]["content"][0]["text"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("served_by", ["gymserve's protocol", "plain uvicorn"])
+def test_a_lost_connection_cancels_its_request_under_either_server(served_by: str) -> None:
+    """gymserve's protocol tells the request its connection is gone (no watcher task per request); under
+    any other server (Ray Serve's proxy, plain uvicorn) a watcher task waits for the disconnect message."""
+    seen: dict[str, object] = {}
+    cancelled = threading.Event()
+    app = create_app(ServerConfig(name="unit", kind="resources/unit", head_url=None))
+
+    @app.post("/slow")
+    async def slow(request: Request) -> dict:
+        await request.body()
+        seen["hooked"] = "gymserve.disconnect" in (request.scope.get("extensions") or {})
+        seen["watchers"] = sum(t.get_coro().__name__ == "watch" for t in asyncio.all_tasks())  # type: ignore[union-attr]
+        try:
+            await asyncio.sleep(600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return {}
+
+    port = free_port()
+    options = {"http": guarded_protocol(10.0)} if served_by == "gymserve's protocol" else {}
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical",
+                                           timeout_graceful_shutdown=1, **options))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline, "test server did not start"
+            time.sleep(0.05)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"http://127.0.0.1:{port}/slow", json={"q": 1}, timeout=1)
+        assert cancelled.wait(10), "the request went on after its client had gone"
+        hooked = served_by == "gymserve's protocol"
+        assert seen == {"hooked": hooked, "watchers": 0 if hooked else 1}
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

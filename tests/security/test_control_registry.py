@@ -87,6 +87,9 @@ def test_the_head_itself_cannot_be_registered(head):
 
 def test_unknown_scheme_and_huge_bodies_are_refused(head):
     assert head.post("/register", {"name": "ftp", "url": "ftp://127.0.0.1:21"}).status_code == 422
+    for url in ("http://127.0.0.1:21/a\r\nx-injected: 1", "http://127.0.0.1:21/a b", "http://127.0.0.1:21/\u00e9"):
+        r = head.post("/register", {"name": "crlf", "url": url})  # written into upstream requests as it is
+        assert r.status_code == 422 and "url" in r.json()["detail"], url
     body = json.dumps({"name": "huge", "host": "127.0.0.1", "port": 1, "pad": "x" * 40_000})
     r = head.post("/register", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 413 and "body" in r.json()["detail"]

@@ -10,8 +10,10 @@ is the callbacks of the parser uvicorn uses for requests.
 What it does and does not do: HTTP/1.1 over TCP or TLS; `Content-Length`, chunked and read-to-close
 replies; request bodies in one piece or streamed (chunked when unsized); flow control both ways;
 a connect timeout, and a read timeout that is the longest silence while a reply is awaited or read;
-1xx interim replies skipped; one retry of an idempotent request on a reused connection that the
-server had closed. No redirects, cookies, proxies or decompression: the head passes bytes through.
+1xx interim replies skipped; a reply that comes before a streamed body is whole (a 413) is the
+reply; one retry of an idempotent request on a reused connection that the server had closed; a
+stray second reply retires its connection. No redirects, cookies, proxies or decompression: the
+head passes bytes through. Every case is on the wire in `tests/unit/test_core_http_pool.py`.
 """
 from __future__ import annotations
 

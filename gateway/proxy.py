@@ -158,10 +158,11 @@ class Proxy:
     async def _reply(self, upstream: Reply, name: str, base: str, send: Send) -> None:
         headers = [(k, v) for k, v in upstream.headers if k not in _RESPONSE_DROP_BYTES]
         size = upstream.header(b"content-length")
-        sized = size is not None and size.isdigit() and upstream.header(b"transfer-encoding") is None
-        if sized:
-            headers.append((b"content-length", size))  # type: ignore[arg-type]
-        if sized and int(size) <= BUFFER_MAX_BYTES:  # type: ignore[arg-type]
+        if upstream.header(b"transfer-encoding") is not None or not (size and size.isdigit()):
+            size = None  # unsized: streamed, and chunked again by our server
+        if size is not None:
+            headers.append((b"content-length", size))
+        if size is not None and int(size) <= BUFFER_MAX_BYTES:
             try:
                 payload = await upstream.read()
             except (UpstreamTimeout, UpstreamClosed) as exc:

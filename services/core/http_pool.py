@@ -80,6 +80,7 @@ class _Connection(asyncio.Protocol):
         self.headers: Headers = []
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
+        self.paused = False  # reading paused until the consumer takes what is buffered
         self.done = False
         self.reusable = False
         self.error: BaseException | None = None
@@ -154,7 +155,8 @@ class _Connection(asyncio.Protocol):
             return
         self.chunks.append(body)
         self.buffered += len(body)
-        if self.buffered > _READ_HIGH_WATER and self.transport is not None:
+        if self.buffered > _READ_HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
             self.transport.pause_reading()
         self._wake()
 
@@ -196,12 +198,15 @@ class _Connection(asyncio.Protocol):
 
     def _check_silence(self, timeout_s: float) -> None:
         self.timer = None
-        silent = self.loop.time() - self.last_data
-        if silent >= timeout_s and self.buffered <= _READ_HIGH_WATER:  # a paused reader is our silence
+        now = self.loop.time()
+        if self.paused:  # the silence is ours (the consumer is behind): the server's clock restarts on resuming
+            wait = timeout_s
+        elif now - self.last_data >= timeout_s:
             self._fail(UpstreamTimeout(f"no reply within the {timeout_s:g}s read timeout", connecting=False))
+            return
         else:
-            self.timer = self.loop.call_at(self.loop.time() + max(timeout_s - silent, 0.001), self._check_silence,
-                                           timeout_s)
+            wait = timeout_s - (now - self.last_data)
+        self.timer = self.loop.call_at(now + wait, self._check_silence, timeout_s)
 
     def _disarm(self) -> None:
         if self.timer is not None:
@@ -224,7 +229,9 @@ class _Connection(asyncio.Protocol):
             self.waiter = None
         chunk = self.chunks.popleft()
         self.buffered -= len(chunk)
-        if self.buffered <= _READ_HIGH_WATER and self.transport is not None and not self.closed:
+        if self.paused and self.buffered <= _READ_HIGH_WATER and self.transport is not None and not self.closed:
+            self.paused = False
+            self.last_data = self.loop.time()  # the server's silence counts from here
             self.transport.resume_reading()
         return chunk
 

@@ -166,6 +166,31 @@ async def test_a_large_reply_streams_through_with_flow_control() -> None:
     assert received == size
 
 
+async def test_a_consumer_slower_than_the_read_timeout_is_not_the_servers_silence(monkeypatch) -> None:
+    size = 4 << 20
+    loop = asyncio.get_running_loop()
+    timers = []
+    call_at = loop.call_at
+    monkeypatch.setattr(loop, "call_at", lambda when, *a, **k: (timers.append(when), call_at(when, *a, **k))[1])
+
+    async def answer(_: int, __: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size + b"x" * size)
+        return True
+
+    async with Scripted(answer) as origin:
+        pool = ConnectionPool(read_timeout_s=0.3)
+        got = await pool.request(origin, "GET", b"/big", [])
+        chunks = got.chunks()
+        received = len(await chunks.__anext__())
+        await asyncio.sleep(1.0)  # reading is paused meanwhile: over three read timeouts, all of them ours
+        async for chunk in chunks:
+            received += len(chunk)
+        got.release()
+        await pool.aclose()
+    assert received == size
+    assert len(timers) <= 8  # the read timeout is looked at once per timeout while paused, not in a busy loop
+
+
 async def test_silence_is_a_read_timeout_and_a_closed_port_cannot_be_reached() -> None:
     async def silent(_: int, __: bytes, writer: asyncio.StreamWriter) -> bool:
         await asyncio.sleep(30)

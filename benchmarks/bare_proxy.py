@@ -6,7 +6,8 @@ Requests are parsed by httptools in a bare asyncio protocol and forwarded throug
 upstream pool (`services.core.http_pool`); the reply goes back with its status, headers and body.
 No ASGI server, no middleware (no auth, request ids, metrics, limits or error replies), no
 pipelining, no streaming: what is left is the hop itself, so head vs this is what the head's
-server and shared middleware cost, and this vs direct is what any extra process costs.
+server and shared middleware cost, and this vs direct is what any extra process costs. It runs
+under the head's scheduling policy (SCHED_BATCH, `cpu_policy`), so that is not the difference.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from services.core.http_pool import ConnectionPool, Origin  # noqa: E402
+from services.core.serving import set_cpu_policy  # noqa: E402
 
 _DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"host", b"date",
                    b"server"})
@@ -77,4 +79,5 @@ async def main(port: int, upstream_port: int) -> None:
 
 
 if __name__ == "__main__":
+    set_cpu_policy("batch")
     uvloop.run(main(int(sys.argv[1]), int(sys.argv[2])))

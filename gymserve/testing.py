@@ -1,4 +1,5 @@
-"""Real servers for tests and benchmarks: `gymserve serve` subprocesses on 127.0.0.1."""
+"""Real servers for tests and benchmarks: `gymserve serve` subprocesses on 127.0.0.1, or an app served
+in a thread of the test's own process (to look into it while it serves)."""
 from __future__ import annotations
 
 import contextlib
@@ -171,6 +172,35 @@ def hung_server() -> Iterator[tuple[int, list[socket.socket]]]:
         for conn in held:
             conn.close()
         sock.close()
+
+
+@contextlib.contextmanager
+def served_in_thread(app: Any, *, port: int | None = None, gymserve_protocol: bool = True) -> Iterator[int]:
+    """`app` served by uvicorn on 127.0.0.1 in a thread, as `gymserve serve` serves it (its header deadline
+    and pass-through mounts) or, with `gymserve_protocol=False`, by plain uvicorn (as under another
+    server), on `port` or a free one. Yields the port; stops the server on exit."""
+    import uvicorn
+
+    from services.core.serving import guarded_protocol
+
+    options: dict[str, Any] = {}
+    if gymserve_protocol:
+        options["http"] = guarded_protocol(10.0, getattr(getattr(app, "state", None), "passthrough", ()))
+    port = port or free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
+                                           timeout_graceful_shutdown=1, **options))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def response_with_text(text: str) -> dict[str, Any]:

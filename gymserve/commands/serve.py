@@ -42,15 +42,17 @@ def serve(module, config, *, log_level: str = "warning", kind: str = "") -> None
     """Run one built server in the foreground (its port: the config's, else a free one)."""
     import uvicorn
 
-    from services.core.serving import guarded_protocol, tune_gc
+    from services.core.serving import guarded_protocol, set_cpu_policy, tune_gc
 
     if not config.port:
         config.port = free_port(config.host)
     app = module.build(config)
     tune_gc()
+    set_cpu_policy(config.cpu_policy)
     logging.getLogger("gymserve").info("%s (%s) listening on %s", config.name, kind or config.kind, config.url)
+    protocol = guarded_protocol(config.header_timeout_s, getattr(app.state, "passthrough", ()))
     uvicorn.run(app, host=config.host, port=config.port, log_level=log_level, access_log=False,
-                timeout_graceful_shutdown=10, timeout_keep_alive=30, http=guarded_protocol(config.header_timeout_s))
+                timeout_graceful_shutdown=10, timeout_keep_alive=30, http=protocol)
 
 
 def run(args: argparse.Namespace) -> int:

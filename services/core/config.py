@@ -8,7 +8,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -60,6 +60,10 @@ class ServerConfig(BaseModel):
                                                                    "(unset: waits until its turn)")
     register_with_head: bool = Field(True, description="heartbeat to the head at head_url; off when something else "
                                              "registers this server (the Ray backend registers its deployments)")
+    cpu_policy: Literal["normal", "batch"] = Field(
+        "normal", description="Linux scheduling policy of the server's process (`gymserve serve`): `batch` "
+        "(SCHED_BATCH) lets a request that wakes the server wait for a busy CPU's turn instead of preempting "
+        "it, so a server that mostly forwards yields to CPU-bound servers on the same cores")
 
     @property
     def url(self) -> str:

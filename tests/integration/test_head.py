@@ -3,6 +3,7 @@ proxy (status codes, headers, 404/502/504), aggregated health and dashboard."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import httpx
@@ -173,3 +174,20 @@ def test_register_with_url_only(head, upstream):
     assert head.post("/unregister", json={"name": "by_url"}).status_code == 403  # only its registrant
     assert head.post("/unregister", json={"name": "by_url", "lease": lease}).status_code == 200
     assert head.post("/unregister", json={"name": "by_url", "lease": lease}).status_code == 404
+
+
+def _policy(pid: int) -> int:
+    """The scheduling policy of every thread of process `pid` (they must agree)."""
+    policies = {os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+    assert len(policies) == 1, policies
+    return policies.pop()
+
+
+def test_the_head_yields_the_cpu_to_the_servers_it_fronts(head, upstream):
+    """The head runs under SCHED_BATCH (its `cpu_policy`), every other server under the normal policy;
+    `cpu_policy=normal` keeps the head normal too."""
+    assert _policy(head.proc.pid) == os.SCHED_BATCH
+    assert _policy(upstream.proc.pid) == os.SCHED_OTHER
+    with ServerProcess("head", "cpu_policy=normal") as normal:
+        assert _policy(normal.proc.pid) == os.SCHED_OTHER
+        assert normal.get("/health").status_code == 200

@@ -1,37 +1,24 @@
 """The head's proxy in-process against a real upstream: responses stream through as the upstream sends
 them (an SSE event arrives before the upstream has finished), and upstream connections are pooled
-(many requests, one keep-alive connection)."""
+(many requests, one keep-alive connection). Both ways a request can take through the head: passed
+through by gymserve's protocol, and through every layer (as under another ASGI server)."""
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from gateway.app import Config, build
+from gymserve.testing import served_in_thread
 from services.core.loader import free_port
 
 
-def _serve(app) -> tuple[uvicorn.Server, threading.Thread, int]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
-                                           timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    return server, thread, port
-
-
-@pytest.fixture(scope="module")
-def stack():
+@pytest.fixture(scope="module", params=["gymserve's protocol", "plain uvicorn"])
+def stack(request):
     release = threading.Event()
     peers: list[int] = []
     upstream = FastAPI()
@@ -55,14 +42,14 @@ def stack():
             yield b"data: [DONE]\n\n"
         return StreamingResponse(gen(), media_type="text/event-stream")
 
-    up, up_thread, up_port = _serve(upstream)
-    head_app = build(Config(stack={"servers": {"up": {"kind": "resources/exact_match", "port": up_port}}},
-                            port=free_port()))
-    head, head_thread, head_port = _serve(head_app)
-    yield f"http://127.0.0.1:{head_port}", release, peers
-    for server, thread in ((head, head_thread), (up, up_thread)):
-        server.should_exit = True
-        thread.join(timeout=10)
+    with served_in_thread(upstream, gymserve_protocol=False) as up_port:
+        head_port = free_port()
+        head_app = build(Config(stack={"servers": {"up": {"kind": "resources/exact_match", "port": up_port}}},
+                                port=head_port))
+        passthrough = head_app.state.passthrough[0]
+        with served_in_thread(head_app, port=head_port, gymserve_protocol=request.param != "plain uvicorn"):
+            yield f"http://127.0.0.1:{head_port}", release, peers
+        assert (passthrough.served > 0) == (request.param != "plain uvicorn")
 
 
 def test_sse_events_stream_through_before_the_upstream_finishes(stack) -> None:

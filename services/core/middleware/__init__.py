@@ -5,7 +5,7 @@ lets streaming replies pass through untouched.
 """
 from __future__ import annotations
 
-from .admission import AdmissionControl, admission_options
+from .admission import AdmissionControl, AdmissionQueue, admission_queue
 from .auth import AuthMiddleware
 from .body_limit import BodyLimitMiddleware
 from .disconnect import DisconnectMiddleware
@@ -18,6 +18,7 @@ from .request_id import REQUEST_ID_HEADER, RequestIdMiddleware, request_id_of
 
 __all__ = [
     "AdmissionControl",
+    "AdmissionQueue",
     "AuthMiddleware",
     "BodyLimitMiddleware",
     "DisconnectMiddleware",
@@ -28,6 +29,6 @@ __all__ = [
     "REQUEST_ID_HEADER",
     "ReplyMiddleware",
     "RequestIdMiddleware",
-    "admission_options",
+    "admission_queue",
     "request_id_of",
 ]

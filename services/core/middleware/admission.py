@@ -25,18 +25,17 @@ from .request_id import request_id_of
 EXEMPT_PATHS = frozenset({"/", "/health", "/ready", "/metrics"})
 
 
-class AdmissionControl:
-    """FIFO admission with a bounded queue; `stats()` reports running, queued and rejected counts."""
+class AdmissionQueue:
+    """FIFO admission with a bounded queue; `stats()` reports running, queued and rejected counts. Built
+    once per server and shared by the middleware and the protocol's pass-through path, so both count
+    against the same `max_concurrent`."""
 
-    def __init__(self, app: ASGIApp, *, max_concurrent: int = 256, max_queued: int = 4096,
-                 retry_after_s: float = 1.0, max_wait_s: float | None = None,
-                 exempt_paths: frozenset[str] = EXEMPT_PATHS) -> None:
-        self.app = app
+    def __init__(self, *, max_concurrent: int = 256, max_queued: int = 4096, retry_after_s: float = 1.0,
+                 max_wait_s: float | None = None) -> None:
         self.max_concurrent = max(1, max_concurrent)
         self.max_queued = max(0, max_queued)
         self.retry_after_s = retry_after_s
         self.max_wait_s = max_wait_s
-        self.exempt_paths = exempt_paths
         self.running = 0
         self.rejected = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -48,22 +47,16 @@ class AdmissionControl:
     def stats(self) -> dict[str, int]:
         return {"running": self.running, "queued": self.queued, "rejected": self.rejected}
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.exempt_paths:
-            await self.app(scope, receive, send)
-            return
-        if not await self._acquire():
-            await self._refuse(scope, send)
-            return
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self._release()
-
-    async def _acquire(self) -> bool:
-        """Take a slot, waiting in line if needed; False when the line is full or the wait too long."""
+    def try_acquire(self) -> bool:
+        """Take a slot only if one is free now and nobody waits for it (a newcomer never jumps the line)."""
         if self.running < self.max_concurrent and not self._waiters:
             self.running += 1
+            return True
+        return False
+
+    async def acquire(self) -> bool:
+        """Take a slot, waiting in line if needed; False when the line is full or the wait too long."""
+        if self.try_acquire():
             return True
         if len(self._waiters) >= self.max_queued:
             return False
@@ -74,13 +67,13 @@ class AdmissionControl:
                 await waiter
             else:
                 await asyncio.wait_for(asyncio.shield(waiter), self.max_wait_s)
-            return True  # the slot was handed over by _release (running already counts it)
+            return True  # the slot was handed over by release (running already counts it)
         except asyncio.TimeoutError:
             return self._give_up(waiter)
         except asyncio.CancelledError:  # the client went away while waiting
             if not self._give_up(waiter):
                 raise
-            self._release()  # the slot arrived as we were cancelled: pass it on
+            self.release()  # the slot arrived as we were cancelled: pass it on
             raise
 
     def _give_up(self, waiter: asyncio.Future[None]) -> bool:
@@ -94,7 +87,7 @@ class AdmissionControl:
             pass
         return False
 
-    def _release(self) -> None:
+    def release(self) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -102,16 +95,38 @@ class AdmissionControl:
                 return
         self.running -= 1
 
+
+class AdmissionControl:
+    """The queue in front of every handler but the exempt probes; a refusal is a 503 with Retry-After."""
+
+    def __init__(self, app: ASGIApp, *, queue: AdmissionQueue, exempt_paths: frozenset[str] = EXEMPT_PATHS) -> None:
+        self.app = app
+        self.queue = queue
+        self.exempt_paths = exempt_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt_paths:
+            await self.app(scope, receive, send)
+            return
+        if not await self.queue.acquire():
+            await self._refuse(scope, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.queue.release()
+
     async def _refuse(self, scope: Scope, send: Send) -> None:
-        self.rejected += 1
-        retry = max(1, math.ceil(self.retry_after_s))  # Retry-After is whole seconds
+        queue = self.queue
+        queue.rejected += 1
+        retry = max(1, math.ceil(queue.retry_after_s))  # Retry-After is whole seconds
         await send_json(send, 503, error_body(
-            f"server busy: {self.running} requests running and {self.queued} queued (max_queued="
-            f"{self.max_queued}); retry after {retry}s", "overloaded", request_id_of(scope),
+            f"server busy: {queue.running} requests running and {queue.queued} queued (max_queued="
+            f"{queue.max_queued}); retry after {retry}s", "overloaded", request_id_of(scope),
             retry_after_s=retry), extra_headers=[(b"retry-after", str(retry).encode())])
 
 
-def admission_options(config: Any) -> dict[str, Any]:
-    """The middleware's keyword arguments from a server config's admission fields."""
-    return {"max_concurrent": config.max_concurrent_requests, "max_queued": config.max_queued_requests,
-            "retry_after_s": config.retry_after_s, "max_wait_s": config.max_queue_wait_s}
+def admission_queue(config: Any) -> AdmissionQueue:
+    """A server's admission queue, from its config's admission fields."""
+    return AdmissionQueue(max_concurrent=config.max_concurrent_requests, max_queued=config.max_queued_requests,
+                          retry_after_s=config.retry_after_s, max_wait_s=config.max_queue_wait_s)

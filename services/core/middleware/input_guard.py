@@ -24,7 +24,7 @@ _BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _NO_BODY = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
 
 
-def json_depth_exceeds(raw: bytes, limit: int) -> bool:
+def json_depth_exceeds(raw: bytes | bytearray, limit: int) -> bool:
     """True when the JSON text `raw` nests arrays/objects deeper than `limit` (brackets inside strings
     do not count). Cheap for normal bodies: fewer brackets than the limit cannot nest past it."""
     if raw.count(b"[") + raw.count(b"{") <= limit:

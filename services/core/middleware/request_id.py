@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +12,12 @@ from .reply import reply_of
 
 REQUEST_ID_HEADER = "x-request-id"
 _HEADER = REQUEST_ID_HEADER.encode()
+_IDS = random.Random(os.urandom(16))  # ids only tell requests apart: no system call per request for them
+
+
+def new_request_id() -> str:
+    """16 hex digits, a fifth of uuid4()'s cost."""
+    return "%016x" % _IDS.getrandbits(64)
 
 
 def request_id_of(scope: Mapping[str, Any]) -> str | None:
@@ -29,7 +36,7 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send)
             return
         given = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == _HEADER), None)
-        request_id = given or os.urandom(8).hex()  # 16 hex digits, a fifth of uuid4()'s cost
+        request_id = given or new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
         reply_of(scope).headers.append((_HEADER, request_id.encode("latin-1", "replace")))
         await self.app(scope, receive, send)

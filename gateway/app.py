@@ -55,8 +55,9 @@ class Config(ServerConfig):
     proxy_read_timeout_s: float = Field(600.0, gt=0, description="longest silence the proxy waits for")
     # the head only forwards (each server queues its own work): it lets more requests through at once
     max_concurrent_requests: int = Field(1024, gt=0, description="requests handled at once; more wait in order")
-    # the head only forwards: on cores it shares with the servers behind it, their work should not wait for it
-    cpu_policy: Literal["normal", "batch"] = "batch"
+    cpu_policy: Literal["normal", "batch"] = Field(
+        "batch", description="Linux scheduling policy (see every server's option): the head only forwards, so on "
+        "cores it shares with the servers behind it, their work does not wait for its wakeups")
     allowed_hosts: list[str] = Field(default_factory=rules.allowed_hosts,
                                      description="hosts (names, IPs, CIDRs) a registered server may live on")
     max_registered: int = Field(256, gt=0, description="servers registered beyond the stack; more get 429")

@@ -181,3 +181,23 @@ def test_unexpected_error_is_a_json_500_with_request_id():
         assert reply.headers["x-request-id"] == "rid-123"
         assert "RuntimeError: kaput" in reply.json()["detail"]
         assert 'gymserve_failures_total{kind="crash"} 1.0' in client.get("/metrics").text
+
+
+def test_a_forked_child_makes_request_ids_of_its_own():
+    """Request ids come from a per-process generator (no system call each): a child forked from a
+    server (a pool worker that serves too) must not repeat its parent's sequence."""
+    import os
+
+    from services.core.middleware.request_id import new_request_id
+
+    new_request_id()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, new_request_id().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.close(write)
+    assert len(child) == 16 and child != new_request_id()

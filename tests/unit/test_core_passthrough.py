@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import socket
 import time
@@ -72,32 +71,24 @@ def _upstream(state: dict[str, Any]) -> FastAPI:
 
 @pytest.fixture(scope="module")
 def heads() -> Iterator[Heads]:
-    saved = {name: os.environ.get(name) for name in ("GYMSERVE_API_KEY", "GYMSERVE_API_KEY_FILE", "GYMSERVE_NO_AUTH")}
-    os.environ.update({"GYMSERVE_API_KEY": KEY, "GYMSERVE_NO_AUTH": "0"})
-    os.environ.pop("GYMSERVE_API_KEY_FILE", None)
     state = {"active": 0, "most": 0, "cancelled": 0}
     closed = free_port()  # nothing listens there: a server that is down
-    try:
-        with served_in_thread(_upstream(state)) as up_port:
-            servers = {"up": {"kind": "resources/exact_match", "port": up_port},
-                       "down": {"kind": "resources/exact_match", "port": closed}}
+    with pytest.MonkeyPatch.context() as env, served_in_thread(_upstream(state)) as up_port:
+        env.setenv("GYMSERVE_API_KEY", KEY)
+        env.setenv("GYMSERVE_NO_AUTH", "0")
+        env.delenv("GYMSERVE_API_KEY_FILE", raising=False)
+        servers = {"up": {"kind": "resources/exact_match", "port": up_port},
+                   "down": {"kind": "resources/exact_match", "port": closed}}
 
-            def head_app(port: int) -> Any:
-                return build(Config(stack={"servers": servers}, port=port, max_body_bytes=2000,
-                                   max_concurrent_requests=1))
+        def head_app(port: int) -> Any:
+            return build(Config(stack={"servers": servers}, port=port, max_body_bytes=2000, max_concurrent_requests=1))
 
-            fast_port, plain_port = free_port(), free_port()
-            fast_app = head_app(fast_port)
-            with served_in_thread(fast_app, port=fast_port) as fast, \
-                    served_in_thread(head_app(plain_port), port=plain_port, gymserve_protocol=False) as plain:
-                yield Heads(f"http://127.0.0.1:{fast}", f"http://127.0.0.1:{plain}", fast_app.state.passthrough[0],
-                            state, fast)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        fast_port, plain_port = free_port(), free_port()
+        fast_app = head_app(fast_port)
+        with served_in_thread(fast_app, port=fast_port) as fast, \
+                served_in_thread(head_app(plain_port), port=plain_port, gymserve_protocol=False) as plain:
+            yield Heads(f"http://127.0.0.1:{fast}", f"http://127.0.0.1:{plain}", fast_app.state.passthrough[0],
+                        state, fast)
 
 
 @contextlib.contextmanager

@@ -2,7 +2,7 @@
 (SmolLM2-135M on one-digit sums, verified by the math environment, real head/agent/policy
 servers) raises the mean reward, and the policy server's `weights_version` follows the
 trainer's steps (on-policy weight sync), with near-zero sampler/trainer logprob mismatch. It still
-rises with asynchronous rollouts one step off policy (`max_policy_lag: 1`)."""
+rises with asynchronous rollouts one step off policy (`max_policy_lag: 1`), given more steps."""
 from __future__ import annotations
 
 import json
@@ -20,12 +20,17 @@ from trainer.metrics import MISMATCH_KEYS, exceeding
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
-# Thresholds from the observed runs listed in docs/weight-sync.md: step 1 (the initial policy, the
-# same two prompts in every run since the data order is seeded) scored 0.06, 0.06 and 0.25; steps
-# 4-6 averaged 0.98 and 0.79 in the two 6-step curves seen (single steps as low as 0.44). The test
-# asks for much less: the last 3 steps at least 0.5 on average and at least 0.25 above step 1.
+# Thresholds from the observed runs listed in docs/weight-sync.md: in six synchronous runs step 1 (the
+# initial policy; the data order is seeded, so the same three prompts every run) scored 0.08 to 0.25,
+# and steps 4-6 averaged 0.61 to 0.96. The test asks for less: the last 3 steps at least 0.5 on
+# average and at least 0.25 above step 1.
 MIN_LAST = 0.5
 MIN_RISE = 0.25
+# One step off policy, batch s is sampled with the weights of step s - 2, and a batch with few correct
+# replies gives GRPO little to learn from, so when the rise starts differs from run to run: in the ten
+# lag-1 runs in docs/weight-sync.md the last 3 steps averaged 0.24 to 0.85 after 6 steps (3 under
+# MIN_LAST) and 0.64 to 0.92 after 10. So the lag-1 test runs 10 steps, with the same thresholds.
+LAG_STEPS = 10
 
 
 SERVERS = [("models/hf", "policy_model", ["accept_weights=true"]),
@@ -33,23 +38,23 @@ SERVERS = [("models/hf", "policy_model", ["accept_weights=true"]),
            ("agents/simple_agent", "math_simple_agent", ["resources_server=math", "model_server=policy_model"])]
 
 
-def _learn(out: Path, overrides: list[str]) -> tuple[list[dict], list[dict], int, str]:
-    """Run learn_cpu for STEPS steps on a fresh stack: (step lines, rollouts, final server version, log)."""
+def _learn(out: Path, overrides: list[str], steps: int = STEPS) -> tuple[list[dict], list[dict], int, str]:
+    """Run learn_cpu for `steps` steps on a fresh stack: (step lines, rollouts, final server version, log)."""
     with small_stack(SERVERS, ready_timeout_s=300) as (head, started):
         policy = started["policy_model"].url
         assert httpx.get(f"{policy}/v1/models", timeout=30).json()["data"][0]["weights_version"] == 0
         env = {**os.environ, "GYMSERVE_HEAD_URL": head.url, "PYTHONUNBUFFERED": "1"}
         result = subprocess.run([sys.executable, "-m", "gymserve", "train", "-c",
                                  str(REPO / "deploy/train/learn_cpu.yaml"), f"output_dir={out}",
-                                 f"grpo.max_steps={STEPS}", "save_final=false", *overrides],
+                                 f"grpo.max_steps={steps}", "save_final=false", *overrides],
                                 cwd=REPO, env=env, capture_output=True, text=True, timeout=1100)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
         version = httpx.get(f"{policy}/stats", timeout=30).json()["weights_version"]
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [s for s in steps if "reward" in s and "loss" in s]
-    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    logged = [s for s in logged if "reward" in s and "loss" in s]
+    assert [s["step"] for s in logged] == list(range(1, steps + 1))
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
-    return steps, rollouts, version, result.stderr
+    return logged, rollouts, version, result.stderr
 
 
 def _assert_learned(steps: list[dict], rollouts: list[dict], out: Path) -> None:
@@ -88,10 +93,10 @@ def test_learn_cpu_reward_rises_with_policy_lag_1(tmp_path):
     """Asynchronous rollouts: each batch is sampled while the step before it trains (one step off
     policy), with the truncated importance-sampling correction on by default; it still learns."""
     out = tmp_path / "run"
-    steps, rollouts, version, log = _learn(out, ["weight_sync.max_policy_lag=1"])
+    steps, rollouts, version, log = _learn(out, ["weight_sync.max_policy_lag=1"], LAG_STEPS)
     assert "truncated importance-sampling correction on" in log
     lags = [s["policy/lag_max"] for s in steps]
     assert max(lags) <= 1 and 1 in lags, lags  # it really ran one step off policy, never more
     assert all(set(MISMATCH_KEYS) <= set(s) for s in steps)
-    assert version == STEPS + 1  # weights pushed after every step; the server ends on the final ones
+    assert version == LAG_STEPS + 1  # weights pushed after every step; the server ends on the final ones
     _assert_learned(steps, rollouts, out)

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from gymserve.testing import ServerProcess, verify_body  # noqa: E402
-from services.core.loader import free_port  # noqa: E402
+from services.core.ports import free_port  # noqa: E402
 from verify_math import cpu_seconds, drive, make_items, pct  # noqa: E402
 
 PARTS = ("proxy", "math server", "math workers", "client")

@@ -50,7 +50,7 @@ def agent_app(tokenizer: Any, rollout_s: float) -> FastAPI:
 def serve(app: Any) -> tuple[str, Any, threading.Thread]:
     import uvicorn
 
-    from services.core.loader import free_port
+    from services.core.ports import free_port
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

@@ -34,7 +34,7 @@ class Stack:
     """`gymserve up` as a child process whose output is echoed with a prefix."""
 
     def __init__(self, overrides: list[str], ready_timeout_s: float) -> None:
-        from services.core.loader import free_port
+        from services.core.ports import free_port
 
         self.port = free_port()
         self.head_url = f"http://127.0.0.1:{self.port}"

@@ -31,7 +31,8 @@ from services.core.app import server_type_name
 from services.core.hosts import connect_url
 from services.core.auth import auth_headers
 from services.core.config import ConfigError, Stack, interpolate
-from services.core.loader import available_kinds, free_port, module_name
+from services.core.loader import available_kinds, module_name
+from services.core.ports import free_port
 
 from .child_env import child_env
 

@@ -30,7 +30,7 @@ from services.core.auth import api_key, auth_headers
 from services.core.client import shared_client
 from services.core.config import ConfigError, ServerSpec, Stack, interpolate
 from services.core.hosts import ANY_ADDRESSES, connect_host
-from services.core.loader import free_port
+from services.core.ports import free_port
 from services.core.registration import register
 
 from .launcher import Child, Launcher, plan

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import httpx
 
-from services.core.loader import free_port
+from services.core.ports import free_port
 
 
 class ServerProcess:

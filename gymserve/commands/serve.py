@@ -5,7 +5,8 @@ import argparse
 import logging
 
 from services.core.config import ConfigError, apply_overrides, build_server_config, spec_from_env
-from services.core.loader import free_port, load_server
+from services.core.loader import load_server
+from services.core.ports import free_port
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

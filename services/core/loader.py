@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-import socket
 from pathlib import Path
 from types import ModuleType
 
@@ -51,9 +50,3 @@ def available_kinds() -> list[str]:
             if info.ispkg and (folder / info.name / "app.py").exists():
                 kinds.append(f"{family}/{info.name}")
     return sorted(kinds)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from services.core.loader import free_port
+from services.core.ports import free_port
 from tests.compat.nemo_gym import MATH_ROWS
 from tests.integration.up_helpers import Up
 

@@ -151,7 +151,7 @@ def nemo_head(nemo, head):
     """NeMo-Gym 0.7.0's own head server (its `HeadServer`, as `gym env start` runs it) listing our
     stack's servers with the rows `gym env start` writes: `name` is the implementation
     (`simple_agent`), `config_path` and `process_name` the instance (`math_simple_agent`)."""
-    from services.core.loader import free_port
+    from services.core.ports import free_port
 
     config = yaml.safe_load(httpx.get(f"{head['url']}/global_config_dict_yaml", timeout=10).json())
     port = free_port()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.core.loader import free_port
+from services.core.ports import free_port
 from tests.compat.nemo_gym import MATH_ROWS
 from tests.integration.up_helpers import Up
 

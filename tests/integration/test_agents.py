@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from gymserve.testing import ServerProcess
-from services.core.loader import free_port
+from services.core.ports import free_port
 from services.resources.workplace.dataset import build_rows
 
 WORKPLACE_ROWS = build_rows()

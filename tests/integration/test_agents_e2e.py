@@ -191,7 +191,7 @@ def test_moved_server_is_found_again_by_name():
     """A name that points at a dead address, then at the live server: the agent re-resolves after the
     transport failure instead of failing every later rollout (real head, registrations by hand)."""
     from gymserve.testing import ServerProcess
-    from services.core.loader import free_port
+    from services.core.ports import free_port
 
     env = {"GYMSERVE_HEAD_URL": ""}
     with ServerProcess("head", env=env) as head, ServerProcess("models/stub", "text=Paris", env=env) as stub, \

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gymserve.testing import ServerProcess, hung_server, verify_body
-from services.core.loader import free_port
+from services.core.ports import free_port
 
 SECRET = "hunter2-do-not-leak"
 

@@ -321,7 +321,7 @@ def test_judge_named_by_instance_is_resolved_through_the_head(tmp_path) -> None:
 
 def test_judge_answering_an_error_or_not_a_model_is_masked(judge) -> None:
     """A judge URL whose server has no such endpoint (404: not retried) or is not listening at all."""
-    from services.core.loader import free_port
+    from services.core.ports import free_port
 
     with ServerProcess("resources/equivalence_llm_judge", f"judge_model_server={judge.url}",
                        "judge_api=chat_completions", "judge_deadline_s=5") as wrong_api:

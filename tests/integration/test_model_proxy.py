@@ -13,7 +13,7 @@ import pytest
 from openai import OpenAI
 
 from gymserve.testing import ServerProcess
-from services.core.loader import free_port
+from services.core.ports import free_port
 from services.models.hf.tiny import (WEATHER_ANSWER, WEATHER_QUESTION, WEATHER_RESULT, WEATHER_TOOLS,
                                      tiny_tool_model, weather_messages)
 

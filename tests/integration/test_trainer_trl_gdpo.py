@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
-from services.core.loader import free_port
+from services.core.ports import free_port
 
 
 def _agent_app(tokenizer) -> FastAPI:

@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from services.core.loader import free_port
+from services.core.ports import free_port
 from tests.integration.up_helpers import STACK, Up, children
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.core.loader import free_port
+from services.core.ports import free_port
 from tests.integration.up_helpers import Up, children
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from services.core.loader import free_port
+from services.core.ports import free_port
 
 STACK = Path(__file__).parent / "stacks" / "head_test.yaml"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.core.loader import free_port
+from services.core.ports import free_port
 from tests.integration.up_helpers import STACK, Up, dashboard_forwarder
 
 UNRELATED = "GS_UNRELATED_CLOUD_TOKEN"

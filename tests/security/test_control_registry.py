@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from gymserve.testing import ServerProcess
-from services.core.loader import free_port
+from services.core.ports import free_port
 
 KEY = "registry-test-key-41c7"
 ENV = {"GYMSERVE_API_KEY": KEY, "GYMSERVE_HEAD_URL": "", "GYMSERVE_ALLOWED_HOSTS": ""}

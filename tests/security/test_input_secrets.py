@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from gymserve.testing import ServerProcess, verify_body
-from services.core.loader import free_port
+from services.core.ports import free_port
 from services.core.redaction import redact, redact_text
 from services.core.replies import failed_reply
 from services.core.schemas import VerifyRequest

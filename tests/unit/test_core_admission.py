@@ -16,7 +16,7 @@ from services.core.app import create_app
 from services.core.client import ServiceClient
 from services.core.config import ServerConfig
 from services.core.errors import UpstreamError
-from services.core.loader import free_port
+from services.core.ports import free_port
 
 
 class _ThreadEvent:

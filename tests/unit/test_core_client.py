@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from services.core.client import ServiceClient
 from services.core.errors import UpstreamError
-from services.core.loader import free_port
+from services.core.ports import free_port
 
 hits: collections.Counter[str] = collections.Counter()
 

@@ -8,7 +8,7 @@ import pytest
 from gymserve.testing import ServerProcess
 from services.core.errors import UpstreamError
 from services.core.client import ServiceClient
-from services.core.loader import free_port
+from services.core.ports import free_port
 
 
 @pytest.fixture(scope="module")

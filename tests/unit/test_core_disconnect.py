@@ -17,7 +17,7 @@ from fastapi import Request
 from gymserve.testing import ServerProcess
 from services.core.app import create_app
 from services.core.config import ServerConfig
-from services.core.loader import free_port
+from services.core.ports import free_port
 from services.core.serving import guarded_protocol
 
 # the stub's reply would come only after 600 s: within the test's timeout, only a cancellation ends the request

@@ -9,7 +9,7 @@ from typing import AsyncIterator, Awaitable, Callable
 import pytest
 
 from services.core.http_pool import ConnectionPool, Origin, UpstreamClosed, UpstreamTimeout
-from services.core.loader import free_port
+from services.core.ports import free_port
 
 Answer = Callable[[int, bytes, asyncio.StreamWriter], Awaitable[bool]]  # (connection no., request) -> keep open?
 

@@ -24,7 +24,7 @@ from gateway.app import Config, build
 from gymserve.testing import served_in_thread
 from services.core.app import create_app
 from services.core.config import ServerConfig
-from services.core.loader import free_port
+from services.core.ports import free_port
 from services.core.passthrough import PassThrough
 from services.core.serving import PASSTHROUGH_BODY_WAIT_S
 

@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 
 from gateway.app import Config, build
 from gymserve.testing import served_in_thread
-from services.core.loader import free_port
+from services.core.ports import free_port
 
 
 @pytest.fixture(scope="module", params=["gymserve's protocol", "plain uvicorn"])

@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from services.core.hosts import connect_url
 from services.core.auth import auth_headers
 from services.core.config import ConfigError, Stack, interpolate
 from services.core.loader import available_kinds, module_name
-from services.core.ports import free_port
+from services.core.ports import free_port, port_free
 
 from .child_env import child_env
 
@@ -86,16 +85,6 @@ class Child:
         return "\n".join(f"    {line}" for line in lines) if lines else "    (no output)"
 
 
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def check_kind(name: str, kind: str, where: str) -> None:
     """A kind with no implementation is a config error naming the instance, before anything starts."""
     try:
@@ -122,7 +111,7 @@ def plan(stack: Stack, *, where: str = "stack") -> list[Child]:
 
     def port_for(label: str, host: str, port: int) -> int:
         if port:
-            if port in taken or not _port_free(host, port):
+            if port in taken or not port_free(host, port):
                 raise ConfigError(f"{where}: {label}.port: port {port} on {host} is already in use "
                                   f"(choose another, e.g. {label}.port=0 for a free one)")
         else:

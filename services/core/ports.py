@@ -31,26 +31,28 @@ def _quiet_ports() -> range | None:
     return None
 
 
-def _bindable(host: str, port: int) -> int | None:
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could bind `port` on `host` now (with SO_REUSEADDR, as servers bind)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
-            return None
-        return sock.getsockname()[1]
+            return False
+    return True
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing is bound to on `host` now, not handed out before by this process."""
     ports = _quiet_ports()
     for port in (_random.choice(ports) for _ in range(1000)) if ports else ():
-        if port not in _handed_out and _bindable(host, port):
+        if port not in _handed_out and port_free(host, port):
             _handed_out.add(port)
             return port
     while True:  # no quiet range here: the kernel's pick
-        picked = _bindable(host, 0)
-        if picked is None:
-            raise OSError(f"cannot bind a port on {host}")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            picked: int = sock.getsockname()[1]
         if picked not in _handed_out:
             _handed_out.add(picked)
             return picked

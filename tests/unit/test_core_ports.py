@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from services.core.ports import free_port
+from services.core.ports import free_port, port_free
 
 
 def test_ports_are_free_distinct_and_outside_the_ephemeral_range():
@@ -18,3 +18,12 @@ def test_ports_are_free_distinct_and_outside_the_ephemeral_range():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", port))  # raises if something holds it
 
+
+
+def test_a_port_someone_listens_on_is_not_free():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", free_port()))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert not port_free("127.0.0.1", port)
+    assert port_free("127.0.0.1", port)

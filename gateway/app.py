@@ -61,6 +61,8 @@ class Config(ServerConfig):
     allowed_hosts: list[str] = Field(default_factory=rules.allowed_hosts,
                                      description="hosts (names, IPs, CIDRs) a registered server may live on")
     max_registered: int = Field(256, gt=0, description="servers registered beyond the stack; more get 429")
+    training_max_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024, description="what the head keeps of "
+                                    "POST /training/metrics records, as JSON; beyond it the oldest steps go")
 
     @field_validator("stack_files", mode="before")
     @classmethod
@@ -120,7 +122,7 @@ def build(config: Config) -> FastAPI:
                      on_shutdown=[proxy.aclose, monitor.stop], mounts={PROXY_ROUTE: proxy},
                      description="gymserve head: registry, config, proxy, health")
     app.state.registry = registry
-    training = TrainingLog()
+    training = TrainingLog(max_bytes=config.training_max_bytes)
 
     @app.post("/register", **describe(body=Registration, reply=Registered, errors=(403, 409, 422, 429),
                                       summary="A server announces itself (and heartbeats)"))
@@ -153,7 +155,8 @@ def build(config: Config) -> FastAPI:
                 await asyncio.to_thread(rules.check_address, field, host, port, rules=config.allowed_hosts,
                                         head_port=config.port, head_names={config.name.lower(), "head"})
         inst = registry.register(reg, stack_token=token)
-        return {"status": "registered", "name": inst.name, "url": inst.url, "ttl_s": reg.ttl_s, "lease": inst.lease}
+        return {"status": "registered", "name": inst.name, "url": inst.url, "ttl_s": reg.ttl_s,
+                "lease": registry.lease_for(inst, stack_token=token)}
 
     @app.post("/unregister", **describe(body=UnregisterRequest, reply=Unregistered, errors=(403, 404)))
     async def unregister(request: Request) -> dict[str, Any]:

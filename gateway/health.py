@@ -3,7 +3,9 @@
 The head samples every server periodically (and on demand) with short timeouts, so a
 dead or hung server costs one probe timeout in the background, never a stalled page.
 requests/s and latency percentiles cover the last minute of samples (`series.WINDOW_S`);
-probe traffic (`/`, `/health`, `/ready`) is left out of the counts.
+probe traffic (`/`, `/health`, `/ready`) is left out of the counts. What a probe reads of a
+reply is capped (`MAX_READY_BYTES`, `MAX_METRICS_BYTES`): any key holder can register a server,
+and its pages must not make the head hold more than that.
 """
 from __future__ import annotations
 
@@ -19,6 +21,25 @@ from .registry import Instance
 from .series import History, Sample, parse_sample
 
 REPORTED_EXTRAS = ("backend", "replicas")  # what a registrar says about a server (the Ray backend)
+MAX_READY_BYTES = 64 * 1024
+MAX_METRICS_BYTES = 8 * 1024 * 1024  # a server's Prometheus page; ours are tens of kB
+
+
+class PageTooLarge(ValueError):
+    """A probed page ran over its cap (the rest was not read)."""
+
+
+async def _capped_get(client: httpx.AsyncClient, url: str, cap: int,
+                      headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """(status, body) of a GET, reading at most `cap` bytes of the body (asked for uncompressed, so the
+    bytes read are the bytes held)."""
+    async with client.stream("GET", url, headers={**(headers or {}), "Accept-Encoding": "identity"}) as reply:
+        body = bytearray()
+        async for chunk in reply.aiter_raw():
+            body += chunk
+            if len(body) > cap:
+                raise PageTooLarge(f"{url}: more than {cap} bytes")
+        return reply.status_code, bytes(body)
 
 
 class HealthMonitor:
@@ -84,16 +105,17 @@ class HealthMonitor:
                 row[key] = inst.extra[key]
         started = time.perf_counter()
         try:
-            ready = await self._client.get(f"{inst.url}/ready")
+            status, _ = await _capped_get(self._client, f"{inst.url}/ready", MAX_READY_BYTES)
             row["latency_ms"] = round((time.perf_counter() - started) * 1000, 1)
-            row["health"] = "ready" if ready.status_code == 200 else "starting"
-        except httpx.HTTPError as exc:
+            row["health"] = "ready" if status == 200 else "starting"
+        except (httpx.HTTPError, PageTooLarge) as exc:
             row.update(health="down", error=f"{type(exc).__name__}: {exc}"[:300], latency_ms=None)
         if row["health"] != "down":
             try:
-                page = await self._client.get(f"{inst.url}/metrics", headers=auth_headers() if inst.trusted else {})
-                if page.status_code == 200:
-                    sample = parse_sample(page.text, now_wall)
+                status, page = await _capped_get(self._client, f"{inst.url}/metrics", MAX_METRICS_BYTES,
+                                                 headers=auth_headers() if inst.trusted else {})
+                if status == 200:
+                    sample = parse_sample(page.decode("utf-8", "replace"), now_wall)
                     sample.in_flight = max(0.0, sample.in_flight - 1)  # not our own probe
                     history = self.histories.setdefault(inst.name, History(min_gap_s=self.interval_s / 2))
                     history.add(sample)

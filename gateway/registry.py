@@ -7,7 +7,9 @@ repeat it as a heartbeat; one whose TTL runs out drops out of the list.
 Nobody can take over a name: a static instance keeps its stack address unless the
 registration carries the stack token (what `gymserve up` hands its own children and
 its Ray launcher), and a registered name belongs to its first registrant, whose
-heartbeats and unregister carry the lease returned by the first `POST /register`.
+heartbeats and unregister carry the lease returned by the first `POST /register`. A lease is
+handed only to the registrant that owns it: a stack name's to the holder of the stack token,
+never to a key holder who registers the name at its stack address.
 """
 from __future__ import annotations
 
@@ -169,6 +171,13 @@ class Registry:
         inst.registered_at = time.time()
         inst.extra = {k: v for k, v in (reg.model_extra or {}).items() if isinstance(k, str)}
         return inst
+
+    def lease_for(self, inst: Instance, *, stack_token: str | None = None) -> str | None:
+        """The lease a registration that just succeeded gets back: a registered name's to its registrant
+        (who proved it by the lease, or came first), a stack name's only with the stack token."""
+        if inst.static and not _same(stack_token, self.stack_token):
+            return None
+        return inst.lease
 
     def unregister(self, name: str, *, lease: str | None = None, stack_token: str | None = None) -> bool:
         """Drop `name` (a static one is only marked stale); needs its lease or the stack token."""

@@ -177,15 +177,17 @@ def hung_server() -> Iterator[tuple[int, list[socket.socket]]]:
 @contextlib.contextmanager
 def served_in_thread(app: Any, *, port: int | None = None, gymserve_protocol: bool = True) -> Iterator[int]:
     """`app` served by uvicorn on 127.0.0.1 in a thread, as `gymserve serve` serves it (its header deadline
-    and pass-through mounts) or, with `gymserve_protocol=False`, by plain uvicorn (as under another
-    server), on `port` or a free one. Yields the port; stops the server on exit."""
+    and header byte cap, the app's config's where it has one) or, with `gymserve_protocol=False`, by plain
+    uvicorn (as under another server), on `port` or a free one. Yields the port; stops the server on exit."""
     import uvicorn
 
     from services.core.serving import guarded_protocol
 
     options: dict[str, Any] = {}
     if gymserve_protocol:
-        options["http"] = guarded_protocol(10.0, getattr(getattr(app, "state", None), "passthrough", ()))
+        config = getattr(getattr(app, "state", None), "config", None)
+        options["http"] = guarded_protocol(getattr(config, "header_timeout_s", 10.0),
+                                           getattr(config, "max_header_bytes", 64 * 1024))
     port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
                                            timeout_graceful_shutdown=1, **options))

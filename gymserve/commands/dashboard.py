@@ -8,7 +8,12 @@ browser; anything else than GET/HEAD is refused, so the forwarder gives no write
 
 Only the dashboard is forwarded (its page, data and static files, plus the probes), never the
 config, the registry or the proxy; and only to requests whose Host header is a loopback name,
-so a web page on another origin cannot read it through DNS rebinding.
+so a web page on another origin cannot read it through DNS rebinding. The path is resolved
+before it is judged: it is read from the request as sent, each segment decoded once, and a
+`.`/`..` segment, an encoded `/` or `\\`, or an empty segment is refused (`..%2f..%2fconfig`
+would otherwise pass as a static file and leave the dashboard once the client normalised it);
+a static file must be one of the dashboard's own, and the head gets the path rebuilt from the
+resolved name.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import contextlib
 import ipaddress
 import os
 from collections.abc import AsyncIterator
+from urllib.parse import quote, unquote
 
 import httpx
 from starlette.applications import Starlette
@@ -31,7 +37,26 @@ DEFAULT_PORT = 11080
 # reply headers that describe the upstream connection, not the content
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding"})
 FORWARDED_PATHS = frozenset({"/", "/health", "/ready", "/dashboard", "/dashboard/data"})
-FORWARDED_PREFIXES = ("/dashboard/static/",)
+STATIC_PREFIX = "/dashboard/static/"
+# the dashboard's own files (gateway/dashboard.py's STATIC_FILES; this command does not import the head)
+STATIC_FILES = frozenset({"dashboard.js", "dashboard.css", "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE"})
+
+
+def resolved_path(raw: str) -> str | None:
+    """The path to forward for a request path as the client sent it (percent-encoded), or None when it
+    is not the dashboard's: every segment decoded once and judged whole, never normalised into another."""
+    if not raw.startswith("/"):
+        return None
+    segments = raw.split("/")[1:]
+    decoded = [unquote(s) for s in segments]
+    if any(d in (".", "..") or "/" in d or "\\" in d or "\x00" in d for d in decoded):
+        return None
+    path = "/" + "/".join(decoded)
+    if path in FORWARDED_PATHS:
+        return path
+    if path.startswith(STATIC_PREFIX) and path[len(STATIC_PREFIX):] in STATIC_FILES:
+        return STATIC_PREFIX + quote(path[len(STATIC_PREFIX):])
+    return None
 
 
 def loopback_name(host: str) -> bool:
@@ -67,12 +92,13 @@ def build(head: str, headers: dict[str, str]) -> Starlette:
         if request.method not in ("GET", "HEAD"):
             return JSONResponse({"detail": f"{request.method}: the dashboard forwarder is read-only (GET only)"},
                                 status_code=405, headers={"allow": "GET, HEAD"})
-        path = request.url.path
-        if path not in FORWARDED_PATHS and not path.startswith(FORWARDED_PREFIXES):
-            return JSONResponse({"detail": f"{path}: the dashboard forwarder passes on the dashboard only"},
-                                status_code=404)
+        raw = request.scope.get("raw_path") or request.url.path.encode()
+        path = resolved_path(raw.decode("latin-1"))
+        if path is None:
+            return JSONResponse({"detail": f"{request.url.path}: the dashboard forwarder passes on the dashboard "
+                                 "only"}, status_code=404)
         try:
-            upstream = await client.request(request.method, request.url.path, params=request.query_params)
+            upstream = await client.request(request.method, path, params=request.query_params)
         except httpx.HTTPError as exc:
             return JSONResponse({"detail": f"cannot reach the head at {head}: {type(exc).__name__}: {exc}"},
                                 status_code=502)

@@ -51,7 +51,7 @@ def serve(module, config, *, log_level: str = "warning", kind: str = "") -> None
     tune_gc()
     set_cpu_policy(config.cpu_policy)
     logging.getLogger("gymserve").info("%s (%s) listening on %s", config.name, kind or config.kind, config.url)
-    protocol = guarded_protocol(config.header_timeout_s, getattr(app.state, "passthrough", ()))
+    protocol = guarded_protocol(config.header_timeout_s, config.max_header_bytes)
     uvicorn.run(app, host=config.host, port=config.port, log_level=log_level, access_log=False,
                 timeout_graceful_shutdown=10, timeout_keep_alive=30, http=protocol)
 

@@ -28,7 +28,6 @@ from .middleware import (REQUEST_ID_HEADER, AdmissionControl, AuthMiddleware, Bo
                          DisconnectMiddleware, ErrorReplyMiddleware, InputGuardMiddleware, MetricsMiddleware,
                          MountsMiddleware, ReplyMiddleware, RequestIdMiddleware, admission_queue, request_id_of)
 from .openapi import HEALTH_DOC, READY_DOC, install
-from .passthrough import PassThrough
 from .text import reject_lone_surrogates
 
 log = logging.getLogger("gymserve")
@@ -95,8 +94,7 @@ def create_app(
     `on_shutdown` hooks run on graceful shutdown. `readiness` is an extra check for `/ready`;
     `ready_details` adds fields to its body (e.g. a sandbox running in unsafe mode says so there).
     `mounts` are plain ASGI apps by path template, served inside the shared middleware but before
-    FastAPI's routing (`middleware/mounts.py`); under gymserve's protocol their ordinary requests skip
-    the layers (`app.state.passthrough`, `passthrough.py`).
+    FastAPI's routing (`middleware/mounts.py`).
     """
     metrics = Metrics(config.name)
     admission = admission_queue(config)
@@ -151,9 +149,6 @@ def create_app(
     app.state.config = config
     app.state.metrics = metrics
     app.state.gym = state
-    app.state.passthrough = tuple(
-        PassThrough(template, mounted, metrics=metrics, admission=admission, max_body_bytes=config.max_body_bytes,
-                    max_json_depth=config.max_json_depth) for template, mounted in (mounts or {}).items())
 
     @app.exception_handler(GymError)
     async def _gym_error(request: Request, exc: GymError) -> JSONResponse:

@@ -49,6 +49,8 @@ class ServerConfig(BaseModel):
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="larger request bodies get 413")
     max_json_depth: int = Field(64, gt=0, description="JSON bodies nested deeper get 400")
     header_timeout_s: float = Field(10.0, gt=0, description="a request's headers must arrive within this (else 408)")
+    max_header_bytes: int = Field(64 * 1024, ge=1024, description="request line and headers larger than this "
+                                  "get 431, before anything else (the key check included) reads them")
     body_timeout_s: float = Field(60.0, gt=0, description="a request's body must arrive within this (else 408)")
     heartbeat_s: float = Field(5.0, gt=0)
     max_concurrent_requests: int = Field(256, gt=0, description="requests whose handlers run at once; "

@@ -1,14 +1,19 @@
-"""How every server is served: uvicorn with a deadline on reading request headers, replies that
-leave in one write, requests told when their connection is lost, and a garbage collector tuned for
-a long-running server.
+"""How every server is served: uvicorn with a deadline on reading request headers, a byte cap on
+them, replies that leave in one write, requests told when their connection is lost, and a garbage
+collector tuned for a long-running server.
 
 uvicorn times out idle keep-alive connections but not a client that sends its request line
 and headers one byte at a time (slowloris): each byte restarts nothing and the connection is
-held forever. `guarded_protocol` gives each request `header_timeout_s` from its first byte to
-its last header, then answers 408 and closes. The body's deadline is the input-guard middleware's.
+held forever. Nor does its httptools protocol bound how many bytes of headers it collects before
+the app (and its key check) sees the request. `guarded_protocol` gives each request
+`header_timeout_s` from its first byte to its last header (then 408 and close) and `max_header_bytes`
+for its request line and headers (then 431 and close). The body's deadline is the input-guard
+middleware's.
 
-A server with a pass-through mount (the head's proxy) has the ordinary requests to it served from
-here, below the ASGI stack, once their whole body is in (`services.core.passthrough`).
+The protocol is uvicorn's own, configured through public names only: asyncio's `Protocol`
+methods, the parser callbacks (`on_url`, `on_header`, `on_headers_complete`, ...), and the
+`http=` class option; nothing with a leading underscore is overridden or called
+(`tests/unit/test_core_serving.py` checks).
 """
 from __future__ import annotations
 
@@ -18,33 +23,34 @@ import logging
 import os
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .middleware.disconnect import DISCONNECT_EXTENSION, DisconnectHooks
-from .passthrough import PassThrough
 
-# how long a request that may pass through waits for the rest of its body before the ordinary way reads
-# it (and applies `body_timeout_s`): clients often send the body in a second write, right after the head
-PASSTHROUGH_BODY_WAIT_S = 1.0
+_REFUSAL = (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
+# what a header line costs beyond its name and value (`: ` and CRLF)
+_LINE_OVERHEAD = 4
 
-_TIMEOUT_REPLY = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                  b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
+
+class HeadersTooLarge(Exception):
+    """Stops the parser before the request reaches the app (its 431 is already written)."""
 
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
-    """HttpToolsProtocol with a per-request header deadline (`header_timeout_s`) and the server's
-    pass-through mounts (`passthrough`), both set by `guarded_protocol`."""
+    """HttpToolsProtocol with a per-request header deadline (`header_timeout_s`) and a byte cap on the
+    request line and headers (`max_header_bytes`), both set by `guarded_protocol`."""
 
     header_timeout_s = 10.0
-    passthrough: tuple[PassThrough, ...] = ()
+    max_header_bytes = 64 * 1024
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
         self._headers_since: float | None = None
-        self._choosing = False
-        self._deferred: tuple[RequestResponseCycle, Any, PassThrough] | None = None
-        self._body_timer: asyncio.TimerHandle | None = None
+        self._reading_head = True  # the bytes that arrive belong to a request line or headers
+        self._head_bytes = 0
+        self._refused = False
 
     def _arm(self) -> None:
         """The header clock starts (a request's first byte, or a new connection). One timer per connection,
@@ -56,6 +62,13 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def _disarm(self) -> None:
         self._headers_since = None
 
+    def _refuse(self, status: int, reason: bytes, detail: str) -> None:
+        """Answers `status` and closes: the request never reaches the app."""
+        self._refused = True
+        body = b'{"detail":"%s"}' % detail.encode()
+        self.transport.write(_REFUSAL % (status, reason, len(body), body))
+        self.transport.close()
+
     def _check_headers(self) -> None:
         self._header_timer = None
         if self._headers_since is None or self.transport.is_closing():
@@ -64,15 +77,26 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         if left > 0:
             self._header_timer = self.loop.call_later(left, self._check_headers)
             return
-        body = b'{"detail":"request headers not received within header_timeout_s=%g s"}' % self.header_timeout_s
-        self.transport.write(_TIMEOUT_REPLY % (len(body), body))
-        self.transport.close()
+        self._refuse(408, b"Request Timeout",
+                     f"request headers not received within header_timeout_s={self.header_timeout_s:g} s")
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._replies = CoalescingTransport(transport, self.loop)  # a connection's replies go out one after another
+        # a connection's replies go out one after another, each in one write
+        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
         self._lost = DisconnectHooks()  # the requests on this connection, cut when it goes
         self._arm()  # a connection that never sends a byte is held no longer than one that trickles
+
+    def data_received(self, data: bytes) -> None:
+        """Bytes that arrive while a request's head is incomplete are counted as they come, whole lines or
+        not (the parser holds a header line until it ends, however long): past `max_header_bytes`, 431."""
+        if self._refused:
+            return  # refused and closing: whatever else comes is not read
+        if self._reading_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._reading_head and self._head_bytes > self.max_header_bytes and not self._refused:
+            self._refuse(431, b"Request Header Fields Too Large",
+                         f"request line and headers exceed max_header_bytes={self.max_header_bytes}")
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -80,57 +104,21 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
-        self._choosing = True  # a request the server starts now (not a pipelined one) may pass through
-        try:
-            super().on_headers_complete()
-        finally:
-            self._choosing = False
+        self._reading_head = False  # what follows is the body
+        # a head that arrived in one read is measured whole here, before the app sees the request
+        size = len(self.url) + sum(len(name) + len(value) + _LINE_OVERHEAD for name, value in self.headers)
+        if size > self.max_header_bytes:
+            self._refuse(431, b"Request Header Fields Too Large",
+                         f"request line and headers exceed max_header_bytes={self.max_header_bytes}")
+            raise HeadersTooLarge()
+        super().on_headers_complete()
         if self.cycle is not None:
-            self.cycle.transport = self._replies  # type: ignore[assignment]
             scope: dict[str, Any] = self.cycle.scope  # type: ignore[assignment]
             scope.setdefault("extensions", {})[DISCONNECT_EXTENSION] = self._lost
 
-    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        if self._choosing and app is self.app:  # (not uvicorn's own 503 app for a concurrency limit)
-            mount = next((m for m in self.passthrough if m.takes(cycle.scope)), None)
-            if mount is not None:
-                self._deferred = (cycle, app, mount)  # decided once the body is in: `on_message_complete`
-                return
-        super()._start_asgi_task(cycle, app)
-
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        deferred, self._deferred = self._deferred, None
-        if deferred is None:
-            return
-        self._stop_body_timer()
-        cycle, app, mount = deferred
-        if not mount.admits(cycle.scope, cycle.body):
-            super()._start_asgi_task(cycle, app)  # the layers answer it (401, 413, 400, a queue)
-            return
-        task = self.loop.create_task(mount.serve(cycle, self._lost))
-        task.add_done_callback(self.tasks.discard)
-        self.tasks.add(task)
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self._deferred is not None:  # its body is not all in: wait a little (a client may send it next)
-            if self.flow.read_paused or self.transport.is_closing():
-                self._hand_over()
-            elif self._body_timer is None:
-                self._body_timer = self.loop.call_later(PASSTHROUGH_BODY_WAIT_S, self._hand_over)
-
-    def _hand_over(self) -> None:
-        """The deferred request goes the ordinary way, whose input guard reads the rest of the body."""
-        self._stop_body_timer()
-        deferred, self._deferred = self._deferred, None
-        if deferred is not None and not self.transport.is_closing():
-            super()._start_asgi_task(deferred[0], deferred[1])
-
-    def _stop_body_timer(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        self._reading_head, self._head_bytes = True, 0  # the next request's head, if one comes
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -141,17 +129,15 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
-        self._stop_body_timer()
-        self._deferred = None
         super().connection_lost(exc)
         self._lost.lost()
 
 
-def guarded_protocol(header_timeout_s: float, passthrough: tuple[PassThrough, ...] = ()) -> type[HeaderDeadlineProtocol]:
-    """The protocol class for `uvicorn.run(http=...)` with this header deadline and these pass-through
-    mounts (an app's `app.state.passthrough`)."""
+def guarded_protocol(header_timeout_s: float, max_header_bytes: int = HeaderDeadlineProtocol.max_header_bytes,
+                     ) -> type[HeaderDeadlineProtocol]:
+    """The protocol class for `uvicorn.run(http=...)` with this header deadline and header byte cap."""
     return type("HeaderDeadlineProtocol", (HeaderDeadlineProtocol,),
-                {"header_timeout_s": header_timeout_s, "passthrough": passthrough})
+                {"header_timeout_s": header_timeout_s, "max_header_bytes": max_header_bytes})
 
 
 # Young-generation collections every this many container allocations instead of Python's 700.
@@ -187,16 +173,20 @@ def set_cpu_policy(policy: str) -> None:
 class CoalescingTransport:
     """The reply's transport as uvicorn's request cycle sees it: the status line and headers are held
     until the body's first write (or the end of the loop's turn), so a small reply leaves in one
-    segment: one write system call instead of two, and one read for the client."""
+    segment: one write system call instead of two, and one read for the client. Once closed, it
+    writes nothing more (a refused request's reply is the last thing on its connection)."""
 
-    __slots__ = ("_transport", "_loop", "_held")
+    __slots__ = ("_transport", "_loop", "_held", "_closed")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
         self._held: bytes | None = None
+        self._closed = False
 
     def write(self, data: bytes) -> None:
+        if self._closed:
+            return
         if self._held is None:
             if data.startswith(b"HTTP/"):
                 self._held = data
@@ -214,6 +204,7 @@ class CoalescingTransport:
 
     def close(self) -> None:
         self.flush()
+        self._closed = True
         self._transport.close()
 
     def __getattr__(self, name: str) -> Any:

@@ -87,12 +87,14 @@ def test_register_validates_body(head):
 def test_registration_expires_without_heartbeat(head):
     body = {"name": "ephemeral", "host": "127.0.0.1", "port": 1, "kind": "resources/thing", "pid": 4242,
             "ttl_s": 1.5}
-    assert head.post("/register", json=body).status_code == 200
+    first = head.post("/register", json=body)
+    assert first.status_code == 200
     rows = {r["name"]: r for r in head.get("/server_instances").json()}
     assert rows["ephemeral"]["pid"] == 4242 and rows["ephemeral"]["status"] == "registered"
+    body["lease"] = first.json()["lease"]  # heartbeats carry the lease (without it they are refused)
     for _ in range(4):  # heartbeats keep it alive past its TTL
         time.sleep(0.5)
-        head.post("/register", json=body)
+        assert head.post("/register", json=body).status_code == 200
     assert "ephemeral" in {r["name"] for r in head.get("/server_instances").json()}
     time.sleep(2.0)
     assert "ephemeral" not in {r["name"] for r in head.get("/server_instances").json()}

@@ -1,6 +1,7 @@
 """How servers are served (services/core/serving.py): a reply's status line and headers leave in the same
 write as its body (one segment, one read for the client), a streamed reply's headers are not held back
-past the loop's turn, and `tune_gc` freezes the start-up heap."""
+past the loop's turn, `tune_gc` freezes the start-up heap; the protocol touches uvicorn only through
+public names, and nothing outside tests and benchmarks writes HTTP on httptools itself."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.core.serving import GC_GEN0_THRESHOLD, CoalescingTransport
+from services.core.serving import GC_GEN0_THRESHOLD, CoalescingTransport, HeaderDeadlineProtocol
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,3 +66,21 @@ def test_tune_gc_freezes_the_start_up_heap() -> None:
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     frozen, threshold = map(int, out.stdout.split())
     assert frozen > 10_000 and threshold == GC_GEN0_THRESHOLD
+
+
+def test_the_protocol_overrides_no_private_uvicorn_name() -> None:
+    """A private method of uvicorn's protocol may change or vanish in any release: only public names
+    (asyncio's protocol methods, the parser callbacks) are overridden, and none of ours shadows one."""
+    inherited = {name for base in HeaderDeadlineProtocol.__mro__[1:] if base is not object for name in vars(base)}
+    ours = {name for name in vars(HeaderDeadlineProtocol) if not (name.startswith("__") and name.endswith("__"))}
+    overridden = ours & inherited
+    assert overridden and not {name for name in overridden if name.startswith("_")}, overridden
+
+
+def test_no_code_outside_tests_and_benchmarks_imports_httptools() -> None:
+    sources = [p for top in ("services", "gateway", "gymserve", "trainer", "deploy") for p in (ROOT / top).rglob("*.py")]
+    assert sources
+    importing = [str(p.relative_to(ROOT)) for p in sources
+                 if any(line.split("#")[0].strip().startswith(("import httptools", "from httptools"))
+                        for line in p.read_text().splitlines())]
+    assert importing == []

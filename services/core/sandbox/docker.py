@@ -9,12 +9,18 @@ Commands without stdin go through the Engine API on its unix socket (`engine_api
 command); commands with stdin, and every command when the socket is not reachable, through
 `docker exec`. Containers are started and removed with the CLI. Containers carry the owner label;
 the janitor removes those whose owner server is dead.
+
+An image's `VOLUME`s would be anonymous volumes on the host's disk, outside every limit; each one
+is mounted instead as an empty size-capped tmpfs (what the image keeps under a `VOLUME` is not
+there: a task's files belong in `/testbed` or the workspace), and the workspace and the volumes
+share `disk_mb` between them.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import io
+import json
 import logging
 import shlex
 import shutil
@@ -41,17 +47,30 @@ _RUN = ('ulimit -c 0 -t "$1" -f "$2" || exit 125; exec 3<&0; /bin/bash -c "$4" <
         '{ wait $job; } 2>/dev/null; rc=$?; kill -KILL -1 2>/dev/null; exit $rc')
 
 
-def run_args(name: str, image: str, limits: Limits, *, extra: list[str] | None = None) -> list[str]:
-    """`docker run` arguments of a workspace container (tests weaken a copy of them on purpose)."""
+def disk_shares(disk_mb: int, volumes: int) -> tuple[int, int]:
+    """MB of the workspace and of each of `volumes` image volumes, together at most `disk_mb`."""
+    if not volumes:
+        return disk_mb, 0
+    each = max(1, disk_mb // (volumes + 1))
+    return max(1, disk_mb - each * volumes), each
+
+
+def run_args(name: str, image: str, limits: Limits, *, extra: list[str] | None = None,
+             volumes: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """`docker run` arguments of a workspace container (tests weaken a copy of them on purpose); `volumes`
+    are the image's `VOLUME` paths, each then an empty tmpfs of its share of `disk_mb`."""
+    workspace_mb, volume_mb = disk_shares(limits.disk_mb, len(volumes))
+    mounts = [arg for path in volumes for arg in (
+        "--tmpfs", f"{path}:rw,exec,size={volume_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755")]
     return ["run", "-d", "--name", name, "--label", f"{ROLE_LABEL}=workspace", "--label", f"{OWNER_LABEL}={owner.me()}",
             "--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
             "--read-only", "--user", f"{SANDBOX_UID}:{SANDBOX_UID}", "--cpus", "1",
             "--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m",
             "--pids-limit", str(limits.pids), "--ulimit", "core=0",
-            "--tmpfs", f"{WORKDIR}:rw,exec,size={limits.disk_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755",
+            "--tmpfs", f"{WORKDIR}:rw,exec,size={workspace_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755",
             "--tmpfs", f"/tmp:rw,exec,size=64m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=1777",
             "--workdir", WORKDIR, "--env", "HOME=/tmp", "--env", "LANG=C.UTF-8",
-            *(extra or []), "--entrypoint", "sleep", image, "infinity"]
+            *mounts, *(extra or []), "--entrypoint", "sleep", image, "infinity"]
 
 
 class DockerWorkspace(Workspace):
@@ -139,7 +158,8 @@ class DockerProvider(Provider):
         if not image:
             raise WorkspaceError("the docker provider needs an image (the row's `image` or sandbox_image)")
         name = f"gymserve-ws-{uuid.uuid4().hex[:16]}"
-        started = await self.cli(*run_args(name, image, limits))
+        volumes = await self.image_volumes(image)
+        started = await self.cli(*run_args(name, image, limits, volumes=volumes))
         if started.exit_code != 0:
             await self.remove([name])
             raise WorkspaceError(f"docker run {image}: {started.stderr.strip()[-400:]}")
@@ -155,6 +175,17 @@ class DockerProvider(Provider):
             await ws.destroy()
             raise
         return ws
+
+    async def image_volumes(self, image: str) -> list[str]:
+        """The image's `VOLUME` paths, pulling it first when it is not here (a `docker run` that pulled it
+        itself would have made them anonymous host volumes)."""
+        for attempt in range(2):
+            found = await self.cli("image", "inspect", "--format", "{{json .Config.Volumes}}", image, wall_s=60)
+            if found.exit_code == 0:
+                return sorted(json.loads(found.stdout.strip() or "null") or {})
+            if attempt == 0:
+                await self.cli("pull", "--quiet", image, wall_s=1800)
+        raise WorkspaceError(f"docker image inspect {image}: {found.stderr.strip()[-400:]}")
 
     def describe(self) -> dict[str, Any]:
         return {"provider": self.name, "image": self.default_image}

@@ -8,6 +8,10 @@ through the head, like an agent's model server) or by a URL (vLLM, a hosted API 
   field name is a config error, not a judge call with a literal `{qestion}` in it;
 - verdicts are parsed strictly: a reply with no verdict label, or with two different ones, is a
   masked failure (`upstream`) with its own reason, never a reward of 0;
+- so that only the judge can write a verdict, every value put into a prompt (the policy's answer,
+  and the row's fields too) has its verdict markers broken up (`[[A=B]]` becomes `[ [A=B] ]`): an
+  answer that carries a label cannot have a judge that quotes it give two verdicts (a masked sample
+  the policy caused) nor one the judge did not reach;
 - a deadline covers the whole call (retries and waits included); transport errors, 429 (after
   its `Retry-After`) and 502/503/504 are retried with backoff a bounded number of times;
 - a concurrency bound and an optional token-bucket rate per judge (hosted judges are rate-limited);
@@ -103,13 +107,30 @@ def judge_target(config: JudgeConfig) -> str | None:
 # --------------------------------------------------------------------------- #
 # Prompt templates and verdicts
 # --------------------------------------------------------------------------- #
+VERDICT_MARKERS = ("[[", "]]")  # every built-in label and score is bracketed so
+
+
+def defuse(text: str, markers: tuple[str, ...] = VERDICT_MARKERS) -> str:
+    """`text` with each marker (two characters or more) broken up by a space after its first character,
+    until none is left: what a judge quotes from it can no longer be parsed as a verdict."""
+    usable = sorted({m for m in markers if len(m) >= 2 and not m[0].isspace()}, key=len, reverse=True)
+    for _ in range(len(text) + 1):
+        hit = next((m for m in usable if m in text), None)
+        if hit is None:
+            return text
+        text = text.replace(hit, hit[0] + " " + hit[1:])
+    return text
+
+
 class PromptTemplate:
-    """A system message (optional) and a user message with `{named}` fields."""
+    """A system message (optional) and a user message with `{named}` fields; the values are `defuse`d
+    against `markers` (the verdict labels the judge's reply is parsed for, plus the brackets)."""
 
     def __init__(self, user: str, system: str | None = None, *, fields: tuple[str, ...] | None = None,
-                 where: str = "judge_prompt_template") -> None:
+                 where: str = "judge_prompt_template", markers: tuple[str, ...] = VERDICT_MARKERS) -> None:
         self.user = user
         self.system = system or None
+        self.markers = tuple(dict.fromkeys((*VERDICT_MARKERS, *markers)))
         self.fields = tuple(dict.fromkeys(_field_names(user, where) + _field_names(system or "", where)))
         unknown = sorted(set(self.fields) - set(fields)) if fields is not None else []
         if unknown:
@@ -121,6 +142,7 @@ class PromptTemplate:
         missing = [name for name in self.fields if name not in values]
         if missing:
             raise KeyError(f"prompt fields not given: {', '.join(missing)}")
+        values = {k: defuse(v, self.markers) if isinstance(v, str) else v for k, v in values.items()}
         out = []
         if self.system:
             out.append({"role": "system", "content": self.system.format_map(values)})
@@ -474,7 +496,13 @@ class JudgedEnvironment(Environment):
 
     def __init__(self, config: TemplatedJudgeConfig) -> None:
         super().__init__(config)
-        self.template = PromptTemplate(config.judge_prompt_template, config.judge_system_message, fields=self.judge_fields)
+        self.template = PromptTemplate(config.judge_prompt_template, config.judge_system_message,
+                                       fields=self.judge_fields, markers=self.verdict_markers())
+
+    def verdict_markers(self) -> tuple[str, ...]:
+        """What the judge's reply is parsed for, to be broken up in every prompt value (environments with
+        configurable labels add theirs)."""
+        return VERDICT_MARKERS
 
     async def startup(self) -> None:
         await super().startup()

@@ -71,6 +71,9 @@ class Session:
         self.external_id = external_id
         self.touched = time.monotonic()
         self.lock = asyncio.Lock()
+        # set when the session is closed or expires: a call that was waiting for `lock` must not
+        # start anything for it then (nothing would ever release it, outside `max_sessions`)
+        self.closed = False
 
 
 def new_session_id() -> str:
@@ -219,6 +222,8 @@ class Environment:
 
     def _forget(self, sid: str) -> Session | None:
         sess = self.sessions.pop(sid, None)
+        if sess is not None:
+            sess.closed = True
         if sess is not None and sess.external_id is not None:
             self.external.pop(sess.external_id, None)
             self.closed_external[sess.external_id] = time.monotonic()
@@ -472,6 +477,8 @@ def _add_tool_route(app: FastAPI, env: Environment, name: str, fn: ToolFn) -> No
         sess = env.session(session_id(request), required=True)
         assert sess is not None
         async with sess.lock:
+            if sess.closed:
+                raise Conflict(f"session {sess.id!r} was closed while this call waited for the one before it")
             try:
                 return await fn(sess, **arguments)
             except TypeError as exc:

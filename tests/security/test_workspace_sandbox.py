@@ -134,10 +134,11 @@ async def test_probe_detects_a_bwrap_sharing_the_host_network(listener: int) -> 
     with sandbox_dir() as where:
         weak = BwrapProvider(root=where)
         await weak.start()
+        weak.seccomp_filter = None  # the filter alone refuses AF_INET sockets: weaken both layers
         strong_args = weak.bwrap_args
 
-        def weakened(tree: Path, limits: Limits) -> list[str]:
-            args = strong_args(tree, limits)
+        def weakened(tree: Path, limits: Limits, seccomp_fd: int | None = None) -> list[str]:
+            args = strong_args(tree, limits, seccomp_fd)
             return [*args[:2], "--share-net", *args[2:]]  # right after --unshare-all
 
         weak.bwrap_args = weakened  # type: ignore[method-assign]

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from services.resources.code import seccomp
+from services.core.sandbox import seccomp
 from services.resources.code.sandbox import ExecResult
 from services.resources.code.verify import Case, classify, extract_program, normalise_output, plan, reward
 

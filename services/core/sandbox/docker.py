@@ -33,7 +33,8 @@ from . import owner
 from .bwrap import SANDBOX_UID
 from .engine_api import EngineAPI
 from .process import run_process
-from .workspace import OWNER_LABEL, WORKDIR, ExecResult, Limits, Provider, Workspace, WorkspaceError
+from .workspace import (OWNER_LABEL, STARTED, WORKDIR, ExecResult, Limits, Provider, Workspace, WorkspaceError,
+                        started)
 
 log = logging.getLogger("gymserve.sandbox")
 ROLE_LABEL = "gymserve.sandbox"
@@ -42,7 +43,8 @@ TIMEOUT_MARK = "\n[gymserve: wall-clock limit]"
 # The exec's main process: runs the command with its limits, kills it at the wall-clock limit, and
 # afterwards kills every process of the sandbox user but itself and pid 1 (`kill -1`, a builtin that
 # needs no free pid), so nothing a command left behind (a fork bomb, a daemon) outlives it, as with bwrap.
-_RUN = ('ulimit -c 0 -t "$1" -f "$2" || exit 125; exec 3<&0; /bin/bash -c "$4" <&3 & job=$!; exec 3<&-; '
+_RUN = ('ulimit -c 0 -t "$1" -f "$2" || exit 125; printf %s "$5" >&2; exec 3<&0; /bin/bash -c "$4" <&3 & job=$!; '
+        'exec 3<&-; '
         f'{{ sleep "$3"; printf %s "{TIMEOUT_MARK.strip()}" >&2; kill -KILL $job; }} & '
         '{ wait $job; } 2>/dev/null; rc=$?; kill -KILL -1 2>/dev/null; exit $rc')
 
@@ -81,7 +83,8 @@ class DockerWorkspace(Workspace):
     async def exec(self, command: str, *, stdin: bytes = b"", timeout_s: float | None = None) -> ExecResult:
         lim = self.limits
         wall = timeout_s or lim.wall_s
-        argv = ["/bin/bash", "-c", _RUN, "run", str(lim.cpu_s), str(lim.file_mb << 10), f"{wall:.3f}", command]
+        argv = ["/bin/bash", "-c", _RUN, "run", str(lim.cpu_s), str(lim.file_mb << 10), f"{wall:.3f}", command,
+                STARTED]
         api = self.provider.api
         if api is not None and not stdin:
             result = await api.exec(self.id, argv, wall + 10, lim.output_bytes)
@@ -100,8 +103,8 @@ class DockerWorkspace(Workspace):
                     await api.exec(self.id, kill, 30, 1 << 16)
             else:
                 await self.provider.cli("exec", self.id, *kill, wall_s=30)
-        if result.exit_code in (125, 126) and result.stderr.startswith("Error"):
-            raise WorkspaceError(f"docker exec failed: {result.stderr.strip()[-400:]}")
+        if not started(result):  # docker exec or the limits failed; the command's own output cannot get here
+            raise WorkspaceError(f"docker exec failed: {(result.stderr or result.stdout).strip()[-400:]}")
         return result
 
     async def destroy(self) -> None:

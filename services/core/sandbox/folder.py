@@ -1,21 +1,23 @@
 """The bubblewrap workspace provider (the default): a host folder bound as `/workspace` in a fresh
-sandbox per command, built by the shared hardened argv builder (`bwrap.py`).
+sandbox per command, built by the shared hardened argv builder (`bwrap.py`), with the shared seccomp
+filter (`seccomp.py`: no ptrace, io_uring, keyring, bpf, non-Unix sockets, new namespaces, mounts).
 
 Each `exec` gets everything `bwrap_argv` promises (never root outside, no network, a read-only
 root of the host's /usr, read-only /proc/sys, sized /tmp and /dev/shm, a clean environment, no
 nested user namespaces) plus the workspace folder bound writable at `/workspace`, and rlimits for
 CPU, address space, file size and processes; `--die-with-parent` in its own pid namespace means
 killing bwrap kills everything the command started, so nothing outlives a command. The folder is
-owned by the uid bwrap runs as. The workspace is a host folder: each file is capped (`file_mb`)
-and the total is checked after every command (a command that leaves more than `disk_mb` fails
-with a message); a hard total cap needs the docker provider (a size-capped tmpfs). Folders live
+owned by the uid bwrap runs as, inside a folder only that uid may enter. The workspace is a host
+folder: each file is capped (`file_mb`); after every command `tree.py` clears set-id bits, removes
+device and fifo nodes and measures the tree without recursion (a command that leaves more than
+`disk_mb`, `files` entries or `depth` levels fails with a message); a hard total cap needs the
+docker provider (a size-capped tmpfs). Folders live
 under `$GYMSERVE_SANDBOX_DIR` (default: the system temporary directory) with an owner marker
 beside the tree, so the janitor can remove what a killed server left.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
@@ -24,15 +26,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from . import owner
+from . import owner, seccomp
+from . import tree as host_tree
 from .bwrap import PROBE, Bind, bwrap_argv, parse_probe, probe_problems, reachable_by, spawn_uid, unprivileged
 from .process import run_process
-from .workspace import WORKDIR, ExecResult, Limits, Provider, Workspace, WorkspaceError
+from .workspace import STARTED, WORKDIR, ExecResult, Limits, Provider, Workspace, WorkspaceError, started
 
 log = logging.getLogger("gymserve.sandbox")
 PREFIX = "gymserve-ws-"
 TMP_MB = 64  # /tmp and /dev/shm of one command
-_LIMITS = 'ulimit -c 0 -t "$1" -v "$2" -f "$3" -u "$4" && shift 4 && exec /bin/bash -c "$1"'
+_LIMITS = ('ulimit -c 0 -t "$1" -v "$2" -f "$3" -u "$4" && shift 4 && printf %s "$2" >&2 '
+           '&& exec /bin/bash -c "$1"')
 
 
 def sandbox_root() -> Path:
@@ -50,32 +54,37 @@ class FolderWorkspace(Workspace):
         if not self.tree.is_dir():
             raise WorkspaceError(f"workspace {self.id} is gone")
         lim = self.limits
-        argv = unprivileged([*self.provider.bwrap_args(self.tree, lim), "/bin/bash", "-c", _LIMITS, "limits",
-                             str(lim.cpu_s), str(lim.memory_mb << 10), str(lim.file_mb << 10), str(lim.pids), command])
+        seccomp_fd = self.provider.seccomp_fd()
         try:
+            argv = unprivileged([*self.provider.bwrap_args(self.tree, lim, seccomp_fd), "/bin/bash", "-c", _LIMITS,
+                                 "limits", str(lim.cpu_s), str(lim.memory_mb << 10), str(lim.file_mb << 10),
+                                 str(lim.pids), command, STARTED])
             result = await run_process(argv, stdin, timeout_s or lim.wall_s, lim.output_bytes,
-                                       env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+                                       env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                                       pass_fds=() if seccomp_fd is None else (seccomp_fd,))
         except OSError as exc:
             raise WorkspaceError(f"could not start bubblewrap: {exc}") from exc
-        if result.exit_code == 1 and not result.stdout and result.stderr.startswith("bwrap: "):
-            raise WorkspaceError(f"sandbox failed: {result.stderr.strip()[-400:]}")
-        used = await asyncio.to_thread(_size, self.tree)
-        if used > lim.disk_mb << 20:
-            result.stderr += f"\n[workspace holds {used >> 20} MB, over its {lim.disk_mb} MB limit: remove files]"
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+        if not started(result):  # bwrap or the limits failed: what the command prints cannot get here
+            raise WorkspaceError(f"sandbox failed: {(result.stderr or result.stdout).strip()[-400:]}")
+        # the tree as the command left it: set-id bits and device nodes gone, then held to its limits
+        stats = await host_tree.inspect(self.tree)
+        over = []
+        if stats.bytes > lim.disk_mb << 20:
+            over.append(f"holds {stats.bytes >> 20} MB, over its {lim.disk_mb} MB limit")
+        if stats.entries > lim.files:
+            over.append(f"holds {stats.entries} files and folders, over its {lim.files} limit")
+        if stats.depth > lim.depth:
+            over.append(f"nests {stats.depth} folders deep, over its {lim.depth} limit")
+        if over:
+            result.stderr += f"\n[workspace {'; '.join(over)}: remove files]"
             result.exit_code = result.exit_code or 1
         return result
 
     async def destroy(self) -> None:
-        await asyncio.to_thread(shutil.rmtree, self.root, True)
-
-
-def _size(tree: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(tree):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-    return total
+        await host_tree.remove(self.root)
 
 
 def _chown_tree(tree: Path, uid: int) -> None:
@@ -94,11 +103,23 @@ class BwrapProvider(Provider):
         self.bwrap: str | None = None
         self.uid = spawn_uid()
         self.proc_mount = True
+        self.seccomp_filter: bytes | None = None
 
-    def bwrap_args(self, tree: Path, limits: Limits) -> list[str]:
+    def seccomp_fd(self) -> int | None:
+        """A memfd holding the compiled filter, for one bwrap start (the caller closes it)."""
+        if self.seccomp_filter is None:
+            return None
+        fd = os.memfd_create("seccomp", 0)
+        os.write(fd, self.seccomp_filter)
+        os.lseek(fd, 0, os.SEEK_SET)
+        return fd
+
+    def bwrap_args(self, tree: Path, limits: Limits, seccomp_fd: int | None = None) -> list[str]:
         assert self.bwrap
+        # --disable-userns needs a /proc of the sandbox; without one the filter refuses new namespaces
         return bwrap_argv(self.bwrap, tmp_mb=TMP_MB, binds=[Bind(str(tree), WORKDIR, writable=True)],
-                          proc=self.proc_mount, chdir=WORKDIR)
+                          proc=self.proc_mount, chdir=WORKDIR, seccomp_fd=seccomp_fd,
+                          disable_userns=self.proc_mount or seccomp_fd is None)
 
     async def start(self) -> None:
         self.bwrap = shutil.which(self.bwrap_name)
@@ -109,6 +130,9 @@ class BwrapProvider(Provider):
             raise WorkspaceError(f"uid {self.uid} cannot reach {self.root}: set GYMSERVE_SANDBOX_DIR to a "
                                  "folder every user may traverse (e.g. under /tmp)")
         await asyncio.to_thread(reclaim_folders, self.root)
+        self.seccomp_filter = seccomp.build_filter()
+        if self.seccomp_filter is None:
+            log.warning("no seccomp filter for architecture %s: workspaces run without one", os.uname().machine)
         try:
             await self.probe()
         except WorkspaceError as exc:
@@ -123,7 +147,9 @@ class BwrapProvider(Provider):
         clean environment, no network, a read-only root and a writable workspace."""
         ws = await self.create(image=None, folder=None, limits=Limits(wall_s=30))
         try:
-            check = ('[ -z "${GYMSERVE_API_KEY:-}" ] || { echo "environment leaks"; exit 1; }; '
+            seccomp_check = ("grep -q '^Seccomp:[[:space:]]*2' /proc/self/status || { echo 'no seccomp'; exit 1; }; "
+                             if self.seccomp_filter is not None and self.proc_mount else "")
+            check = (seccomp_check + '[ -z "${GYMSERVE_API_KEY:-}" ] || { echo "environment leaks"; exit 1; }; '
                      '! touch /usr/x 2>/dev/null || { echo "root writable"; exit 1; }; '
                      '! timeout 3 bash -c "exec 3<>/dev/tcp/192.0.2.1/9" 2>/dev/null || { echo network; exit 1; }; '
                      'echo ok > probe && cat probe && python3 -I -c "$0"')
@@ -159,11 +185,15 @@ class BwrapProvider(Provider):
         else:
             tree.mkdir()
         if os.geteuid() == 0 and self.uid != 0:
-            os.chmod(root, 0o711)
+            # only the sandbox user (and root) may enter: what a command leaves in the tree is out of
+            # every other host user's reach, even between a command and the set-id sweep after it
+            os.chown(root, self.uid, self.uid)
+            os.chmod(root, 0o700)
             _chown_tree(tree, self.uid)
 
     def describe(self) -> dict[str, Any]:
-        return {"provider": self.name, "proc": self.proc_mount, "uid_outside": self.uid}
+        return {"provider": self.name, "proc": self.proc_mount, "uid_outside": self.uid,
+                "seccomp": self.seccomp_filter is not None}
 
 
 def _quote(text: str) -> str:
@@ -179,7 +209,7 @@ def reclaim_folders(root: Path) -> int:
         except OSError:
             continue
         if owner.is_dead(who):
-            shutil.rmtree(path, ignore_errors=True)
+            host_tree.remove_now(path)
             removed += 1
     if removed:
         log.warning("janitor: removed %d workspace folder(s) left by dead servers", removed)

@@ -22,11 +22,11 @@ async def pump(stream: asyncio.StreamReader | None, buf: bytearray, limit: int, 
 
 
 async def run_process(argv: list[str], stdin: bytes, wall_s: float, output_bytes: int, *,
-                      env: dict[str, str] | None = None) -> ExecResult:
+                      env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> ExecResult:
     """Run `argv` in its own process group with a wall-clock kill and capped output."""
     proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
-                                                cwd="/")
+                                                cwd="/", pass_fds=pass_fds)
     out, err, over = bytearray(), bytearray(), asyncio.Event()
 
     async def feed() -> None:

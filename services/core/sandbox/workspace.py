@@ -16,8 +16,30 @@ from pydantic import BaseModel, Field
 
 OWNER_LABEL = "gymserve.sandbox.owner"  # docker label / marker file naming the server that made it
 WORKDIR = "/workspace"
-# git's identity and no hooks or global config: the same in every workspace
-_GIT = "git -c user.name=gymserve -c user.email=gymserve@localhost -c core.hooksPath=/dev/null -c core.fileMode=false"
+# git's identity, no system or global config, and every setting through which a repository's own
+# config or attributes could run a program or rewrite what a diff shows overridden on the command
+# line (which wins over .git/config): the same in every workspace, whatever the policy wrote there
+GIT = ("GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null GIT_ATTR_NOSYSTEM=1 GIT_TERMINAL_PROMPT=0 "
+       "git -c user.name=gymserve -c user.email=gymserve@localhost -c core.hooksPath=/dev/null "
+       "-c core.fileMode=false -c core.fsmonitor=false -c core.attributesFile=/dev/null "
+       "-c core.pager=cat -c core.quotePath=true -c diff.noprefix=false -c diff.mnemonicPrefix=false "
+       "-c diff.renames=false -c diff.relative=false -c core.autocrlf=false -c core.safecrlf=false")
+_GIT = GIT
+
+
+# written to stderr by each provider's wrapper just before it starts the command (and stripped again):
+# a result without it is a sandbox that failed to start, one with it is the command's own doing,
+# whatever the command prints or exits with (it cannot write before the mark)
+STARTED = "[gymserve: command started]\n"
+
+
+def started(result: ExecResult) -> bool:
+    """Whether the sandbox got as far as the command (the mark is stripped). A result cut short (timed
+    out, output over the cap) counts as started: the mark may not have been read before the kill."""
+    if result.stderr.startswith(STARTED):
+        result.stderr = result.stderr[len(STARTED):]
+        return True
+    return result.timed_out or result.output_exceeded
 
 
 class WorkspaceError(Exception):
@@ -34,6 +56,8 @@ class Limits(BaseModel):
     disk_mb: int = Field(256, ge=1, description="bytes the workspace may hold")
     file_mb: int = Field(64, ge=1, description="largest file a command may write")
     output_bytes: int = Field(65536, ge=1024, description="stdout/stderr kept per command (the rest is cut)")
+    files: int = Field(100_000, ge=16, description="files and folders the workspace may hold")
+    depth: int = Field(256, ge=8, description="how deep its folders may nest")
 
 
 @dataclasses.dataclass
@@ -91,11 +115,19 @@ class Workspace(abc.ABC):
 
     async def diff(self, since: str | None = None) -> str:
         """Unified diff (binary-safe) of the tree against `since` (default: as created)."""
+        result = await self.diff_result(since)
+        if result.exit_code != 0:
+            raise WorkspaceError(f"diff: exit {result.exit_code}: {(result.stderr or result.stdout)[-400:]}")
+        return result.stdout
+
+    async def diff_result(self, since: str | None = None) -> ExecResult:
+        """`diff` as a command's result: in a workspace the policy used, git failing there (a removed or
+        corrupted .git, a diff over the output cap) is the policy's doing, for the caller to score."""
         ref = since or self.base
         if ref is None:
             raise WorkspaceError("the workspace has no base snapshot")
-        return await self.must(f"{_GIT} add -A . >/dev/null && {_GIT} diff --cached --binary {shlex.quote(ref)}",
-                               what="diff")
+        return await self.exec(f"{_GIT} add -A . >/dev/null && {_GIT} diff --cached --binary --no-ext-diff "
+                               f"--no-textconv --no-color --no-renames {shlex.quote(ref)}")
 
     async def init_base(self) -> None:
         """Make the tree a git repository (if it is none) and remember its state as the base."""

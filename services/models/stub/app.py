@@ -16,7 +16,9 @@ invalid JSON string on purpose), `status` + `error` (answer with that HTTP error
 The `rules` option makes it a scripted judge: the first rule whose `match` (a regular
 expression) is found in the request's input text gives the step, whatever the session, so
 answers can depend on the prompt (an order-dependent judge, a judge that 429s once). A rule
-with `times: N` applies to its first N matching calls only. `GET /stats` counts the calls.
+with `times: N` applies to its first N matching calls only; a rule with `quote: true` puts the
+match's first group where its `text` says `{quote}` (a judge that quotes the answer it judges).
+`GET /stats` counts the calls.
 """
 from __future__ import annotations
 
@@ -91,8 +93,11 @@ def build(config: Config) -> FastAPI:
         text = raw if isinstance(raw, str) else "\n".join(
             content_text(m.get("content")) for m in raw or [] if isinstance(m, dict))
         for i, rule in enumerate(config.rules or []):
-            if re.search(rule["match"], text) and rule_uses[i] < rule.get("times", float("inf")):
+            found = re.search(rule["match"], text)
+            if found and rule_uses[i] < rule.get("times", float("inf")):
                 rule_uses[i] += 1
+                if rule.get("quote") and found.groups():
+                    return {**rule, "text": str(rule.get("text", "")).replace("{quote}", found.group(1) or "")}
                 return rule
         return None
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from fastapi import FastAPI
 from pydantic import Field
 
-from services.core.errors import BadRequest, Unavailable
+from services.core.errors import BadRequest, Conflict, Unavailable
 from services.core.failures import FailureKind
 from services.core.replies import MAX_REASON_CHARS, failed_reply, scored_reply
 from services.core.resource import Environment, ResourceConfig, Session, create_resource_app, tool
@@ -30,7 +30,7 @@ from services.core.schemas import VerifyReply, VerifyRequest
 
 from . import nemo_rows
 from . import verify as judge
-from .repl import Repl
+from .repl import Repl, ReplClosed
 from .sandbox import Limits, Sandbox, SandboxError
 
 log = logging.getLogger("gymserve.code")
@@ -229,7 +229,7 @@ class CodeEnv(Environment):
     async def release(self, session: Session) -> None:
         repl = session.data.pop("repl", None)
         if repl is not None:
-            await repl.close()
+            await repl.close(final=True)
 
     @tool
     async def execute_python(self, session: Session, code: Any = None) -> dict[str, Any]:
@@ -244,6 +244,8 @@ class CodeEnv(Environment):
         async with self.gate:
             try:
                 reply = await repl.execute(code, self.config.repl_timeout_s)
+            except ReplClosed:
+                raise Conflict("execute_python: the session was closed during the call") from None
             except SandboxError as exc:
                 log.error("sandbox failure in execute_python: %s", exc)
                 return {"stdout": "", "stderr": "", "exit_code": None, "timed_out": False, "result": None,

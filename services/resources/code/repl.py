@@ -11,6 +11,10 @@ from . import runner
 from .sandbox import Limits, Sandbox, SandboxError, Spawned
 
 
+class ReplClosed(Exception):
+    """A call on the interpreter of a session that was closed meanwhile."""
+
+
 class Repl:
     """One long-lived `runner.REPL` sandbox (a supervisor and the worker that runs the user's code) per
     session. Not concurrency-safe: the session lock serialises calls. A call that overruns its wall
@@ -25,6 +29,7 @@ class Repl:
         self._stderr = bytearray()
         self._drain: asyncio.Task[None] | None = None
         self.restarts = 0
+        self.closed = False  # by `close(final=True)`: its session is gone, nothing may start again
 
     async def _start(self) -> Spawned:
         try:
@@ -44,8 +49,13 @@ class Repl:
 
     async def execute(self, code: str, wall_s: float) -> dict[str, Any]:
         fresh = self.spawned is None
+        if self.closed:
+            raise ReplClosed("the session was closed")
         if self.spawned is None:
             self.spawned = await self._start()
+            if self.closed:  # closed while it started: end it here, or it outlives its session
+                await self.close(final=True)
+                raise ReplClosed("the session was closed")
         proc = self.spawned.proc
         assert proc.stdin is not None and proc.stdout is not None
         payload = json.dumps({"code": code, "max_output": self.limits.output_bytes}).encode()
@@ -62,6 +72,8 @@ class Repl:
             # RuntimeError: a write to the pipe of a sandbox that died between calls (uvloop)
             # the supervisor inside the sandbox (not the user's code: that runs in its child) is gone or
             # answered garbage: an infrastructure failure; the next call starts a fresh interpreter
+            if self.closed:
+                raise ReplClosed("the session was closed") from None
             code_, _ = await self._exit_status()
             detail = bytes(self._stderr).decode(errors="replace").strip()[-500:]
             await self.close()
@@ -100,7 +112,8 @@ class Repl:
             return (128 - code if code < 0 else code), status
         return None, {}
 
-    async def close(self) -> None:
+    async def close(self, *, final: bool = False) -> None:
+        self.closed = self.closed or final
         spawned, self.spawned = self.spawned, None
         if spawned is None:
             return

@@ -125,6 +125,17 @@ def _gym_batch():
         os.set_blocking(fd_, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    # the kernel delivers to a namespace's init only the signals it has a handler for: Python's own
+    # SIGINT handler would let a case raise KeyboardInterrupt here, ending the row as if the sandbox
+    # had failed (a masked sample); every Python-level handler but SIGCHLD's is ignored here instead,
+    # and put back in each case
+    handlers = {}
+    for sig in signal.valid_signals():
+        try:
+            if sig != signal.SIGCHLD and callable(signal.getsignal(sig)):
+                handlers[sig] = signal.signal(sig, signal.SIG_IGN)
+        except (OSError, ValueError):
+            pass
     running = {}  # pid -> the case's state
     waiting = collections.deque()  # (index, source, stdin) received, not started yet
     index = 0
@@ -199,6 +210,8 @@ def _gym_batch():
                     prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGKILL should the runner go first
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    for sig, handler in handlers.items():  # the program's as usual
+                        signal.signal(sig, handler)
                     for old, new in ((r0, 0), (w1, 1), (w2, 2)):
                         os.dup2(old, new)
                     os.closerange(3, 2 ** 31 - 1)

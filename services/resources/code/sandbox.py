@@ -42,8 +42,8 @@ from services.core.sandbox.bwrap import (INSIDE_PATH, PROBE, SANDBOX_UID, Bind, 
                                          unprivileged)
 
 from . import runner
-from .cgroup import Cgroups
-from .seccomp import build_filter
+from services.core.sandbox.cgroup import Cgroups
+from services.core.sandbox.seccomp import build_filter
 
 log = logging.getLogger("gymserve.code")
 # how long a sandbox that has answered everything gets to exit by itself before it is killed

@@ -193,6 +193,9 @@ class EquivalenceLLMJudge(JudgedEnvironment):
             return judge_failed_reply(request, exc, extracted_answer=answer)
         return scored_reply(request, reward, extracted_answer=answer, judge_evaluations=records)
 
+    def verdict_markers(self) -> tuple[str, ...]:
+        return (self.config.judge_equal_label, self.config.judge_not_equal_label)
+
     @property
     def parse(self) -> Parser:
         return label_parser(self.config.judge_equal_label, self.config.judge_not_equal_label)

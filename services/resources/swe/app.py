@@ -5,14 +5,16 @@ Rows use SWE-bench's fields (`instance_id`, `repo`, `base_commit`, `problem_stat
 `repo_snapshot` folder under `snapshots_dir` (the shipped tasks) or, with the docker provider, the
 row's `image` whose `/testbed` holds the repository (SWE-bench's images). The agent works in a
 session workspace with the shell tools. `/verify` takes the agent's diff (the session's workspace
-diff, or without a session the last ```diff block of the answer), drops every change to a test
-file, applies it and the `test_patch` in a FRESH workspace and runs the listed tests: reward 1 only
-when every FAIL_TO_PASS test passes and every PASS_TO_PASS test still passes.
+diff read with git's configuration and attributes overridden, or without a session the last
+```diff block of the answer) and grades it in a FRESH workspace (`grading.py`): applied, every
+protected path put back as the task has it, `test_patch` applied, the listed tests run with results
+read from pytest's own reports: reward 1 only when every FAIL_TO_PASS test passes and every
+PASS_TO_PASS test still passes. What the change causes (it does not apply, breaks git, hangs, leaves
+no results; a session whose diff cannot be read) is a 0, never a mask.
 """
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +28,18 @@ from services.core.sandbox.environment import TOOL_SPECS, WorkspaceConfig, Works
 from services.core.sandbox.workspace import Workspace, WorkspaceError
 from services.core.schemas import VerifyReply, VerifyRequest
 
-from . import patches
+from . import grading, patches
 
 DATA = Path(__file__).resolve().parents[3] / "datasets" / "swe" / "repos"
-_RESULT = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL|SKIPPED) (\S+)", re.M)
 
 
 class Config(WorkspaceConfig):
     snapshots_dir: Path = Field(DATA, description="folder holding the repositories rows name in repo_snapshot")
     test_timeout_s: float = Field(300.0, gt=0, le=3600, description="wall-clock limit of one test run")
-    test_command: str = Field("python3 -m pytest -q -p no:cacheprovider -rA --tb=no",
-                              description="runs the listed test ids (appended) inside the workspace")
+    python: str = Field("python3", pattern=r"^[A-Za-z0-9_./+-]+$",
+                        description="the interpreter (with pytest) that runs the tests inside the workspace")
+    pytest_args: str = Field("-q -p no:cacheprovider --tb=short",
+                             description="pytest options before the listed test ids (results never come from its output)")
 
 
 class SweRequest(VerifyRequest):
@@ -116,49 +119,68 @@ class Swe(WorkspaceEnvironment):
         live = session.data.get("workspace") if session else None
         try:
             if live is not None:
-                diff, origin = await live.diff(), "session"
+                origin = "session"
+                got = await live.diff_result()
+                if got.exit_code != 0:  # the policy's workspace: its .git, its files, its diff's size
+                    return scored_reply(request, 0.0, resolved=False, patch_applied=False, patch_source=origin,
+                                        reason="the session's change could not be read: "
+                                               f"{(got.stderr or got.stdout or 'output over the cap').strip()[-300:]}")
+                diff = got.stdout
             else:
                 diff, origin = patches.from_text(request.text()), "answer"
-            diff, dropped = patches.without_tests(diff, set(patches.paths(test_patch)))
+            task_tests = {p for names, _ in patches.split(test_patch) for p in names}
+            diff, dropped = patches.without_tests(diff, task_tests)
             if not diff.strip():
                 return scored_reply(request, 0.0, resolved=False, patch_applied=False, patch_source=origin,
                                     discarded_files=dropped, reason="empty patch (after test files were dropped)")
-            return await self._grade(request, row, diff, dropped, origin, test_patch, f2p, p2p)
+            return await self._grade(request, row, diff, dropped, origin, test_patch, task_tests, f2p, p2p)
         except (WorkspaceError, GymError) as exc:
             if isinstance(exc, BadRequest):
                 raise
             return exception_reply(request, as_sandbox_failure(exc), model=SweReply)
 
     async def _grade(self, request: VerifyRequest, row: dict[str, Any], diff: str, dropped: list[str], origin: str,
-                     test_patch: str, f2p: list[str], p2p: list[str]) -> VerifyReply:
+                     test_patch: str, task_tests: set[str], f2p: list[str], p2p: list[str]) -> VerifyReply:
+        common: dict[str, Any] = {"patch_source": origin, "discarded_files": dropped}
+        token = grading.new_token()
         ws = await self.fresh(row, pooled=False)
         try:
             applied = await ws.apply_patch(diff)
-            common = {"patch_source": origin, "discarded_files": dropped}
             if applied.exit_code != 0:
                 return scored_reply(request, 0.0, resolved=False, patch_applied=False, **common,
                                     reason=f"the patch does not apply: {applied.stderr.strip()[-300:]}")
             if test_patch.strip():
+                task_tests |= set(await grading.numstat_paths(ws, test_patch))
+            prepared = await grading.restore_protected(ws, task_tests)
+            common["discarded_files"] = list(dict.fromkeys([*dropped, *prepared.restored]))
+            if prepared.failure is not None:
+                return scored_reply(request, 0.0, resolved=False, patch_applied=True, **common,
+                                    reason=prepared.failure)
+            if not prepared.kept:
+                return scored_reply(request, 0.0, resolved=False, patch_applied=True, **common,
+                                    reason="empty patch (after test files were restored)")
+            if test_patch.strip():
                 tests = await ws.apply_patch(test_patch)
                 if tests.exit_code != 0:
                     raise BadRequest(f"test_patch: does not apply to the repository: {tests.stderr.strip()[-300:]}")
-            ids = " ".join(shlex.quote(t) for t in [*f2p, *p2p])
-            run = await ws.exec(f"{self.config.test_command} {ids}", timeout_s=self.config.test_timeout_s)
+            run = await ws.exec(grading.run_command(self.config.python, self.config.pytest_args, [*f2p, *p2p], token),
+                                timeout_s=self.config.test_timeout_s)
         finally:
             await ws.destroy()
-        status = {test: "FAILED" for test in [*f2p, *p2p]}
-        for outcome, test in _RESULT.findall(run.stdout):
-            if test in status:
-                status[test] = outcome
+        results, tail = grading.read_results(run.stdout, token)
+        reported = results["tests"] if results else {}
+        status = {test: grading.outcome(reported[test]) if test in reported else "FAILED" for test in [*f2p, *p2p]}
         if run.timed_out:
             status = {t: ("TIMEOUT" if s == "FAILED" else s) for t, s in status.items()}
         ok = {t for t, s in status.items() if s in ("PASSED", "XFAIL")}
         f2p_rate = sum(t in ok for t in f2p) / len(f2p)
         p2p_rate = sum(t in ok for t in p2p) / len(p2p) if p2p else 1.0
         resolved = f2p_rate == 1.0 and p2p_rate == 1.0
+        reason = None if results else ("the test run timed out" if run.timed_out
+                                       else f"the test run left no results: {tail.strip()[-300:]}")
         return scored_reply(request, 1.0 if resolved else 0.0, resolved=resolved, fail_to_pass_passed=f2p_rate,
-                            pass_to_pass_passed=p2p_rate, tests_status=status, patch_applied=True,
-                            patch_source=origin, discarded_files=dropped)
+                            pass_to_pass_passed=p2p_rate, tests_status=status, patch_applied=True, reason=reason,
+                            **common)
 
 
 def build(config: Config) -> FastAPI:

@@ -49,10 +49,18 @@ def _files(body: dict[str, Any]) -> dict[str, str]:
         raise BadRequest("files: expected an object mapping relative paths to text")
     if len(files) > MAX_FILES:
         raise BadRequest(f"files: more than {MAX_FILES} files")
+    seen: dict[tuple[str, ...], str] = {}
     for path in files:
         parts = Path(path).parts
-        if not path or path.startswith("/") or ".." in parts or "\x00" in path:
-            raise BadRequest(f"files: {path!r} is not a relative path inside the workspace")
+        if not path or path.startswith("/") or path.endswith("/") or not parts or ".." in parts or "\x00" in path:
+            raise BadRequest(f"files: {path!r} is not a relative path of a file inside the workspace")
+        if parts in seen:
+            raise BadRequest(f"files: {path!r} and {seen[parts]!r} are the same file")
+        seen[parts] = path
+    for parts, path in seen.items():  # a file where another one needs a folder
+        for i in range(1, len(parts)):
+            if parts[:i] in seen:
+                raise BadRequest(f"files: {seen[parts[:i]]!r} is a file, but {path!r} needs it to be a folder")
     return files
 
 

@@ -5,7 +5,7 @@ and writing ~60 instructions needs no C library or extra package (libseccomp's P
 binding is not on PyPI as a wheel). The filter is defence in depth on top of the
 namespaces: it refuses (EPERM) the syscalls a sandboxed program never needs and that
 widen the kernel attack surface or reach other processes: ptrace and
-process_vm_*, non-Unix sockets, new namespaces (unshare/setns, clone with CLONE_NEW*),
+process_vm_* and pidfd_getfd, non-Unix sockets, new namespaces (unshare/setns, clone with CLONE_NEW*),
 mounts, kernel modules/keyring/bpf/perf/userfaultfd/io_uring. `clone3` answers
 ENOSYS so the C library falls back to `clone`, whose flags a filter can inspect.
 Foreign ABIs (i386 on x86_64, x32) are killed outright.
@@ -40,6 +40,10 @@ BLOCKED = (
     "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "unshare", "setns",
     "io_uring_setup", "io_uring_enter", "io_uring_register", "open_by_handle_at", "name_to_handle_at",
     "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr", "syslog",
+    # another process's file descriptors (bwrap's own pid 1 holds the server's pipes, and is dumpable)
+    "pidfd_getfd",
+    # anonymous files no limit counts where there is no memory cgroup (unmapped, they escape RLIMIT_AS)
+    "memfd_create",
 )
 
 # Syscall numbers per architecture (checked against libseccomp in tests/unit when it is installed).
@@ -50,7 +54,8 @@ _X86_64 = {
     "perf_event_open": 298, "userfaultfd": 323, "keyctl": 250, "add_key": 248, "request_key": 249,
     "unshare": 272, "setns": 308, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
     "open_by_handle_at": 304, "name_to_handle_at": 303, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-    "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "syslog": 103,
+    "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "syslog": 103, "pidfd_getfd": 438,
+    "memfd_create": 319,
     "socket": 41, "clone": 56, "clone3": 435,
 }
 _AARCH64 = {
@@ -60,7 +65,8 @@ _AARCH64 = {
     "perf_event_open": 241, "userfaultfd": 282, "keyctl": 219, "add_key": 217, "request_key": 218,
     "unshare": 97, "setns": 268, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
     "open_by_handle_at": 265, "name_to_handle_at": 264, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-    "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "syslog": 116,
+    "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "syslog": 116, "pidfd_getfd": 438,
+    "memfd_create": 279,
     "socket": 198, "clone": 220, "clone3": 435,
 }
 # AUDIT_ARCH_* values (linux/audit.h)

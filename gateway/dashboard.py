@@ -27,7 +27,7 @@ STATIC_FILES = {
     "uPlot.min.css": "text/css; charset=utf-8",
     "uPlot.LICENSE": "text/plain; charset=utf-8",
 }
-FAILURE_KINDS = ("timeout", "crash", "bad_request", "upstream", "sandbox")
+FAILURE_KINDS = ("timeout", "crash", "bad_request", "upstream", "sandbox", "context_overflow")
 TIMELINE_POINTS = 360
 _COLORS = {"ready": "#1a7f37", "starting": "#9a6700", "down": "#cf222e"}
 # (heading, row field) of the server table; the script fills the same columns.

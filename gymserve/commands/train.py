@@ -14,6 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainer.config import TrainConfigError, load_config
     from trainer.train import train
+    from trainer.weight_sync import WeightSyncError
 
     overrides = list(args.overrides) + ([f"head_url={args.head}"] if args.head else [])
     try:
@@ -22,6 +23,9 @@ def run(args: argparse.Namespace) -> int:
     except TrainConfigError as exc:
         print(f"gymserve train: {exc}", file=sys.stderr)
         return 2
+    except WeightSyncError as exc:  # a push refused or a failed logprob check: never go on off-policy
+        print(f"gymserve train: weight sync: {exc}", file=sys.stderr)
+        return 1
     print(f"trained {result['global_step']} steps (mean loss {result['training_loss']:.6f}); "
           f"metrics: {result['metrics']}; plot: {result['plot']}; model: {result['final_model']}; "
           f"policy server weights_version: {result['weights_version']}")

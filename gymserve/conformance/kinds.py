@@ -197,7 +197,9 @@ def _check_model(report: Report, pool: Servers, kind: str, options: list[str]) -
         # never gets our key by itself: it is configured as the upstream's own key.
         upstream = pool.process("models/stub", "text=hello")
         procs.append(upstream)
-        options = [f"base_url={upstream.url}", "upstream_api=responses", "api_key=${GYMSERVE_API_KEY}", *options]
+        # The stub has no token data: the proxy is checked in evaluation mode (training mode would refuse it).
+        options = [f"base_url={upstream.url}", "upstream_api=responses", "api_key=${GYMSERVE_API_KEY}",
+                   "training_mode=false", *options]
     model = pool.process(kind, *options)
     pool.start(*procs, model)
     probe = Probe(model.url, pool.key)
@@ -208,11 +210,17 @@ def _check_model(report: Report, pool: Servers, kind: str, options: list[str]) -
             expect(r.status_code == 200, f"GET /v1/models: {r.status_code} {r.text[:200]}")
             data = r.json().get("data")
             expect(isinstance(data, list) and data and data[0].get("id"), "no data[0].id")
+        out: dict[str, Any] = {}
         with report.check("v1/responses: a short call answers a Responses object with output items"):
             r = probe.post("/v1/responses", {"model": "check", "input": "Say hi.", "max_output_tokens": 4})
             expect(r.status_code == 200, f"POST /v1/responses: {r.status_code} {r.text[:200]}")
             out = r.json()
             expect(isinstance(out.get("output"), list) and out["output"], "no output items")
+        training = [o.split("=", 1)[1].lower() for o in options if o.startswith("training_mode=")]
+        if not training or training[-1] not in ("false", "0", "no"):
+            with report.check("training mode: a call's last output item carries its token IDs and logprobs"):
+                expect(bool(out.get("output")), "no reply to read token data from (see the call above)")
+                _expect_token_data(out["output"][-1])
         if spec and "/v1/chat/completions" in spec.get("paths", {}) and "upstream_api=responses" not in options:
             with report.check("v1/chat/completions: a short call answers choices"):
                 r = probe.post("/v1/chat/completions", {"model": "check", "max_tokens": 4,
@@ -221,6 +229,18 @@ def _check_model(report: Report, pool: Servers, kind: str, options: list[str]) -
                 expect(isinstance(r.json().get("choices"), list) and r.json()["choices"], "no choices")
     finally:
         probe.close()
+
+
+def _expect_token_data(item: dict[str, Any]) -> None:
+    """A trainer needs prompt_token_ids, generation_token_ids and one logprob per generated token."""
+    prompt, generated = item.get("prompt_token_ids"), item.get("generation_token_ids")
+    logprobs = item.get("generation_log_probs")
+    expect(isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt),
+           "no prompt_token_ids (a training-mode model server must return them; training_mode=false for evaluation)")
+    expect(isinstance(generated, list) and all(isinstance(i, int) for i in generated), "no generation_token_ids")
+    expect(isinstance(logprobs, list) and isinstance(generated, list) and len(logprobs) == len(generated)
+           and all(isinstance(x, (int, float)) and x <= 0 for x in logprobs),
+           "generation_log_probs missing, not one per generated token, or not log-probabilities")
 
 
 # --- head ----------------------------------------------------------------------------------------

@@ -403,6 +403,11 @@ class Rollout:
         output = reply.get("output") if isinstance(reply, dict) else None
         if not isinstance(output, list) or not all(isinstance(i, dict) for i in output):
             raise RolloutFailure(FailureKind.UPSTREAM, f"{what}: the model reply has no output list of items")
+        if reply.get("context_length_exceeded") and self.num_turns == 0:
+            # the row's own prompt does not fit the policy's context: nothing the policy did, so no score
+            # (a later call that overflows holds the policy's own tokens: that rollout ends and is scored)
+            raise RolloutFailure(FailureKind.CONTEXT_OVERFLOW, f"{what}: the prompt is longer than the model "
+                                 f"server's context: {str(reply.get('upstream_error') or '')[:300]}")
         self.num_turns += 1
         self.last_response = reply
         self.items.extend(output)

@@ -16,6 +16,7 @@ class FailureKind(str, Enum):
     BAD_REQUEST = "bad_request"  # the row or the model output cannot be judged as sent
     UPSTREAM = "upstream"        # another server failed or answered something unusable
     SANDBOX = "sandbox"          # the code sandbox broke (not the program under test)
+    CONTEXT_OVERFLOW = "context_overflow"  # the row's prompt does not fit the model server's context
 
     def __str__(self) -> str:  # metrics labels and f-strings show the wire value on every Python
         return self.value

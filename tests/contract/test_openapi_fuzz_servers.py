@@ -28,7 +28,7 @@ def stack() -> Iterator[dict[str, ServerProcess]]:
     start_all(list(servers.values()))
     dependants = {
         "proxy": ServerProcess("models/openai_proxy", f"base_url={servers['stub'].url}/v1", "upstream_api=responses",
-                               name="contract-proxy"),
+                               "training_mode=false", name="contract-proxy"),
         "agent": ServerProcess("agents/simple_agent", f"resources_url={servers['exact'].url}",
                                f"model_url={servers['stub'].url}", name="contract-agent"),
     }

@@ -10,7 +10,9 @@ import pytest
 from gymserve.conformance import run_check
 from services.core.loader import available_kinds
 
-LIGHT = [k for k in available_kinds() if k not in ("models/hf", "resources/reward_model")] + ["head"]
+# models/vllm starts a real vLLM (minutes): test_model_vllm.py runs it, and test_check_token_data.py the
+# check that a training-mode model server returns token data
+LIGHT = [k for k in available_kinds() if k not in ("models/hf", "models/vllm", "resources/reward_model")] + ["head"]
 
 
 def assert_passes(kind: str, *options: str) -> None:

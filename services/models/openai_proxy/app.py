@@ -73,6 +73,13 @@ def build(config: Config) -> FastAPI:
     async def models() -> Any:
         return JSONResponse(await proxy.models())
 
+    add_routes(app, proxy, config)
+    return app
+
+
+def add_routes(app: FastAPI, proxy: OpenAIProxy, config: Config) -> None:
+    """The generation routes, shared with models/vllm (which puts this proxy in front of its vLLM)."""
+
     @app.post("/v1/chat/completions", **describe(body=oa.ChatRequest, reply=oa.ChatCompletion, stream=True,
                                                  parameters=[SESSION_HEADER], errors=(429, 502, 503, 504),
                                                  passes_4xx=True))
@@ -98,5 +105,3 @@ def build(config: Config) -> FastAPI:
         if req.stream:
             return sse_response(responses_events(final))
         return JSONResponse(final)
-
-    return app

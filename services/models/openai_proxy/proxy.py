@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from services.core.client import ServiceClient
 from services.core.errors import UpstreamError
@@ -32,6 +32,25 @@ class OpenAIProxy:
         self.local = HFModel(None, session_cache_size=config.session_cache_size)  # tokenizer only: completions mode
         # vLLM's token extras; switched off for good once an upstream rejects them (a provider, not vLLM).
         self.send_token_extras = config.training_mode and config.vllm_token_extras
+        self._upstream_models: list[str] | None = None  # the upstream's model ids, asked once
+        # The upstream's weights version, when the server embedding this proxy knows it (models/vllm): read
+        # when a call starts, so a call that overlaps a weight push is labelled with the older version.
+        self.weights_version: Callable[[], int] | None = None
+
+    async def model_name(self, requested: str | None) -> str:
+        """The upstream model to ask for: `model`, else the upstream's only model (a vLLM server serves
+        one, and a request's own name, e.g. none or the agent's, would be a 404 there), else the request's."""
+        if self.config.model:
+            return self.config.model
+        if self._upstream_models is None:
+            try:
+                listed = await self.models()
+                self._upstream_models = [str(d["id"]) for d in listed.get("data") or [] if d.get("id")]
+            except Exception:  # a provider without /models: the request's name it is
+                self._upstream_models = []
+        if len(self._upstream_models) == 1:
+            return self._upstream_models[0]
+        return requested or (self._upstream_models[0] if self._upstream_models else "default")
 
     async def start(self) -> None:
         if self.config.upstream_api == "completions":
@@ -67,6 +86,7 @@ class OpenAIProxy:
         return out
 
     async def call_chat(self, body: dict[str, Any], session: str | None) -> tuple[int, Any]:
+        body = {**body, "model": await self.model_name(body.get("model"))}
         status, data = await self.call("/chat/completions", self.upstream_body(body), session)
         if status == 400 and self.send_token_extras and any(k in str(data) for k in VLLM_TOKEN_EXTRAS if k != "logprobs"):
             # Not vLLM (a provider rejecting vLLM's extras): stop sending them, and retry once.
@@ -105,7 +125,7 @@ class OpenAIProxy:
                                   max_new_tokens=req.max_new_tokens(),
                                   default_max_tokens=self.config.default_max_tokens,
                                   training=self.config.training_mode)
-        body: dict[str, Any] = {"model": self.config.model or req.model or "default", "prompt": turn.prompt_ids,
+        body: dict[str, Any] = {"model": await self.model_name(req.model), "prompt": turn.prompt_ids,
                                 "max_tokens": turn.max_new_tokens, "n": req.n, "logprobs": 1,
                                 "return_tokens_as_token_ids": True, "return_token_ids": True}
         for key in ("temperature", "top_p", "seed"):
@@ -113,6 +133,7 @@ class OpenAIProxy:
                 body[key] = getattr(req, key)
         if req.stop_list():
             body["stop"] = req.stop_list()
+        version = self.weights_version() if self.weights_version is not None else None
         status, data = await self.call("/completions", body, session)
         if status >= 400:
             if is_context_overflow(status, data):
@@ -125,7 +146,8 @@ class OpenAIProxy:
                 raise UpstreamError("upstream completion carries no token IDs (is it vLLM with return_token_ids?)")
             generations.append(Generation(fields["generation_token_ids"], fields["generation_log_probs"], [],
                                           choice.get("text") or "",
-                                          "length" if choice.get("finish_reason") == "length" else "stop"))
+                                          "length" if choice.get("finish_reason") == "length" else "stop",
+                                          policy_version=version))
         choices = self.local.finish(turn, generations, session=session, training=self.config.training_mode,
                                     parse_tools=bool(tools))
         out = []
@@ -174,8 +196,7 @@ class OpenAIProxy:
 
     async def responses_passthrough(self, body: dict[str, Any], session: str | None) -> dict[str, Any]:
         out = {k: v for k, v in body.items() if k != "stream"}
-        if self.config.model:
-            out["model"] = self.config.model
+        out["model"] = await self.model_name(body.get("model"))
         status, data = await self.call("/responses", out, session)
         if status >= 400:
             if is_context_overflow(status, data):
@@ -186,11 +207,15 @@ class OpenAIProxy:
             raise map_error(status, data)
         if not isinstance(data, dict) or not isinstance(data.get("output"), list):
             raise UpstreamError("upstream response has no output list")
-        if self.config.training_mode and data["output"]:
-            last = data["output"][-1]
-            if isinstance(last.get("generation_token_ids"), list):
-                self.check_continuity(session, last)
-                self.remember(session, [last])
+        if self.config.training_mode:
+            last = data["output"][-1] if data["output"] else {}
+            if not isinstance(last.get("generation_token_ids"), list):
+                # vLLM's Responses API returns no token IDs in our fields: a rollout without them cannot train
+                raise UpstreamError("training_mode: the upstream's Responses reply carries no generation_token_ids; "
+                                    "use upstream_api=completions (token IDs and logprobs from vLLM) or set "
+                                    "training_mode=false for evaluation only")
+            self.check_continuity(session, last)
+            self.remember(session, [last])
         return data
 
     async def responses_via_chat(self, req: ResponsesRequest, session: str | None) -> dict[str, Any]:
@@ -213,7 +238,7 @@ class OpenAIProxy:
         calls = [{"name": c["function"]["name"], "arguments": c["function"].get("arguments") or "{}",
                   "id": c.get("id")} for c in message.get("tool_calls") or []]
         output = oa.output_items(message.get("content") or "", calls)
-        for key in oa.TRAINING_FIELDS + ("token_continuity_broken",):
+        for key in oa.TRAINING_FIELDS + ("token_continuity_broken", "policy_version"):
             if key in message:
                 output[-1][key] = message[key]
         usage = data.get("usage") or {}

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install demo lint test test-fast docs bench up clean image compose-up compose-down
+.PHONY: install demo lint test test-fast docs bench up clean image compose-up compose-down catalogue
 
 install:
 	@bash deploy/install.sh
@@ -25,6 +25,11 @@ docs: install
 
 test-fast: install
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
+
+# NeMo-Gym 0.7.0's whole catalogue behind gymserve: every resources server classified, tried and compared
+# with NeMo-Gym's own agent (long: builds each server's virtualenv); writes docs/catalogue.md
+catalogue: install
+	$(PY) -m tests.compat.catalogue_run $(CATALOGUE_ARGS)
 
 BENCHMARKS := pool_throughput verify_math verify_envs code_exec reward_model agent_run collect_routing model_hf head_proxy head_cpu versus_revision tail_latency tail_mix batch_completion ray_backend
 

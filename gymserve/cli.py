@@ -17,6 +17,7 @@ COMMANDS = {
     "train": "GRPO/GDPO training with TRL's GRPOTrainer using gymserve rollouts",
     "check": "conformance checks of one server kind (exit 0 when they all pass)",
     "new": "scaffold a new environment: gymserve new env NAME",
+    "catalogue": "every environment this install can serve (ours, NeMo-Gym's, packages') and why some do not run",
 }
 
 

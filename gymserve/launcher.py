@@ -87,6 +87,16 @@ class Child:
 
 def check_kind(name: str, kind: str, where: str) -> None:
     """A kind with no implementation is a config error naming the instance, before anything starts."""
+    from gymserve.nemo_gym import is_nemo_kind
+
+    if is_nemo_kind(kind):  # NeMo-Gym's servers: the name is checked against its wheel by `prepare`
+        from gymserve.nemo_gym.sidecar import nemo_server_name
+
+        try:
+            nemo_server_name(kind)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: servers.{name}: {exc}") from None
+        return
     try:
         module = module_name(kind)
     except ConfigError as exc:

@@ -20,11 +20,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(accepts_extra=True)
 
 
+def load_kind(kind: str):
+    """The module serving `kind`: the `nemo_gym/` family is NeMo-Gym's servers behind our sidecar, the
+    rest is the loader's."""
+    from gymserve.nemo_gym import is_nemo_kind
+
+    if is_nemo_kind(kind):
+        from gymserve.nemo_gym import sidecar
+
+        sidecar.nemo_server_name(kind)
+        return sidecar
+    return load_server(kind)
+
+
 def load_config(kind: str, overrides: list[str], *, name: str | None = None, host: str | None = None,
                 port: int | None = None, spec: dict | None = None):
     """Module and validated config of one server: its spec (default GYMSERVE_SERVER_SPEC), then
     key=value, then flags. Every backend builds a server through here and `module.build`."""
-    module = load_server(kind)
+    module = load_kind(kind)
     values = dict(spec_from_env() if spec is None else spec)
     values = apply_overrides(values, overrides)
     values["kind"] = kind

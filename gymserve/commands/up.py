@@ -47,9 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gymserve.launcher import Launcher, plan
+    from gymserve.nemo_gym.prepare import prepare_stack
 
     files = args.config or [str(DEFAULT_STACK)]
     stack = load_stack(files, args.overrides)
+    prepare_stack(stack, where=", ".join(files))  # NeMo-Gym servers' virtualenvs, built once
     if args.backend == "ray":
         return _run_ray(args, stack, where=", ".join(files))
     children = plan(stack, where=", ".join(files))

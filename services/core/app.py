@@ -204,4 +204,5 @@ def server_type_name(kind: str) -> str:
         "agents": "responses_api_agents",
         "models": "responses_api_models",
         "head": "head_server",
+        "nemo_gym": "resources_servers",  # NeMo-Gym's own resources servers behind gymserve's sidecar
     }.get(family, family or "unknown")

@@ -1,67 +1,25 @@
-"""NeMo-Gym 0.7.0 in a virtualenv of its own, created once and reused (CI caches it between runs).
-
-NeMo-Gym needs Python 3.13 and pins its own dependencies, so it cannot share the project's
-virtualenv. The first test that needs it installs `nemo-gym==0.7.0` from the package index with
-the machine's ordinary pip setup into `~/.cache/gymserve/nemo-gym-0.7.0` (or
-`$GYMSERVE_NEMO_GYM_CACHE/nemo-gym-0.7.0`), under a file lock so parallel runs install it once.
+"""NeMo-Gym 0.7.0 for the compatibility tests: the package's cached virtualenv (`gymserve.nemo_gym.venv`,
+which `gymserve up` builds for `kind: nemo_gym/...` servers too), plus the requirements of the NeMo-Gym
+servers these tests import in it directly.
 """
 from __future__ import annotations
 
-import fcntl
-import glob
-import os
-import shutil
-import subprocess
 from importlib.metadata import version
 from pathlib import Path
 
-VERSION = "0.7.0"
-STAMP = ".gymserve-installed"
+from gymserve.nemo_gym import venv as _venv
+
+VERSION = _venv.VERSION
 # NeMo-Gym installs each resources server's requirements.txt beside it; these are the ones of the
-# servers the differential tests run (resources_servers/{math_with_judge,reasoning_gym}/requirements.txt);
-# reasoning-gym at the version installed here, so both sides score with the same task code
+# servers the differential tests import in the base virtualenv
+# (resources_servers/{math_with_judge,reasoning_gym}/requirements.txt); reasoning-gym at the version
+# installed here, so both sides score with the same task code
 SERVER_REQUIREMENTS = ["math-verify==0.8.0", f"reasoning-gym=={version('reasoning_gym')}"]
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("GYMSERVE_NEMO_GYM_CACHE") or Path.home() / ".cache" / "gymserve")
-
-
-def python313() -> str:
-    """A working Python 3.13: one pyenv installed, or one on PATH (a pyenv shim may not run)."""
-    pyenv = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
-    candidates = [*sorted(glob.glob(f"{pyenv}/versions/3.13*/bin/python3.13"), reverse=True),
-                  shutil.which("python3.13")]
-    for candidate in filter(None, candidates):
-        probe = subprocess.run([candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 13)"],
-                               capture_output=True)
-        if probe.returncode == 0:
-            return candidate
-    raise RuntimeError("NeMo-Gym 0.7.0 needs Python 3.13: none on PATH nor under pyenv (pyenv install 3.13)")
 
 
 def venv() -> Path:
     """The NeMo-Gym virtualenv, created when missing or half-made (a crashed install is redone)."""
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / f"nemo-gym-{VERSION}"
-    with open(root / f"nemo-gym-{VERSION}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        stamp = target / STAMP
-        if not stamp.exists():
-            shutil.rmtree(target, ignore_errors=True)
-            subprocess.run([python313(), "-m", "venv", str(target)], check=True)
-            # 0.7.0 declares requires-python >=3.13.14; it runs on any 3.13
-            _pip(target, "--ignore-requires-python", f"nemo-gym=={VERSION}")
-            stamp.write_text("")
-        if stamp.read_text().split() != SERVER_REQUIREMENTS:  # a cache from before a requirement was added
-            _pip(target, *SERVER_REQUIREMENTS)
-            stamp.write_text("\n".join(SERVER_REQUIREMENTS))
-    return target
-
-
-def _pip(target: Path, *args: str) -> None:
-    subprocess.run([str(target / "bin" / "python"), "-m", "pip", "install", "-q", *args], check=True, timeout=1500)
+    return _venv.base_venv(SERVER_REQUIREMENTS)
 
 
 # Prepended to a script that runs NeMo-Gym's math_with_judge in its virtualenv: math-verify's default

@@ -1,4 +1,4 @@
-# gymserve: `make demo` runs the embedded default stack end to end; `make test` runs every test.
+# gymserve: `make demo` runs every environment end to end (the demo stack); `make test` runs every test.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=

@@ -25,6 +25,7 @@ from .step_log import ENV_REWARD_PREFIX, EVAL_REWARD
 _W, _H = 440, 190  # chart size in px
 _PAD_L, _PAD_B, _PAD_T, _PAD_R = 46, 34, 16, 10
 _BLUE, _RED, _PINK = "#0969da", "#cf222e", "#bf3989"
+_CHAR_PX, _LABEL_GAP_PX = 6.0, 6.0  # the 10 px tick font's widest digits, and the space between two labels
 _PALETTE = (_BLUE, "#1a7f37", "#9a6700", _PINK, "#8250df", _RED)
 # metrics.jsonl keys: per-environment reward (trainer/grpo.py), TRL's reward components, mismatch metrics
 _COMPONENT_PREFIX = "rewards/"
@@ -41,8 +42,10 @@ def _num(value: float | None) -> str:
     return f"{value:.4g}"
 
 
-def _bin_label(b: Bin) -> str:
-    if b["lo"] is None:
+def _bin_label(b: Bin, first: bool = False) -> str:
+    """The first bin drawn holds every reward at or below its upper edge (empty bins below are left
+    out), so rewards of 0 read "&le;0", not "-0.25&ndash;0"."""
+    if b["lo"] is None or first:
         return f"&le;{b['hi']:g}"
     if b["hi"] is None:
         return f"&gt;{b['lo']:g}"
@@ -56,7 +59,9 @@ def bar_chart(labels: Sequence[str], counts: Sequence[int], *, color: str = _BLU
     top = max(max(counts), 1)
     plot_w, plot_h = _W - _PAD_L - _PAD_R, _H - _PAD_T - _PAD_B
     slot = plot_w / len(counts)
-    every = 2 if len(counts) > 12 else 1
+    # every k-th label, k chosen so that labels (about 6 px a character at the tick font) keep a gap
+    widest = max(len(html.unescape(label)) for label in labels) * _CHAR_PX + _LABEL_GAP_PX
+    every = max(1, math.ceil(widest / slot))
     parts = [f'<svg class="chart" viewBox="0 0 {_W} {_H}" width="{_W}" height="{_H}" role="img" '
              f'aria-label="{_esc(title)}">']
     for frac in (0, 0.5, 1):
@@ -202,7 +207,7 @@ def render_report(records: list[dict[str, Any]], *, title: str = "gymserve run",
     cards = []
     for name, s in summary.items():
         failures = "".join(f"<tr><td>{_esc(k)}</td><td class=\"n\">{n}</td></tr>" for k, n in s["failures"].items())
-        chart = bar_chart([_bin_label(b) for b in s["bins"]], [int(b["count"]) for b in s["bins"]],
+        chart = bar_chart([_bin_label(b, i == 0) for i, b in enumerate(s["bins"])], [int(b["count"]) for b in s["bins"]],
                           title=f"reward histogram of {name}") if s["bins"] else '<p class="empty">no judged rollouts</p>'
         cards.append(
             f'<div class="card env" data-env="{_esc(name)}"><h3>{_esc(name)}</h3><div class="stats">'

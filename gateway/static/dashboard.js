@@ -48,12 +48,49 @@
     }
     if (have) have.plot.destroy();
     container.textContent = "";
-    var plot = new uPlot(makeOpts(widthOf(container), height), data, container);
+    var opts = makeOpts(widthOf(container), height);
+    opts.hooks = {draw: [describeDrawing]};
+    var plot = new uPlot(opts, data, container);
     charts[key] = {plot: plot, sig: sig, el: container, height: height};
     return plot;
   }
 
+  /* After each draw, the chart's container says what it drew: `data-points` (non-null values of
+     its series) and `data-x-labels` (each line of each x tick label: text, left and right pixel
+     edge, line number), so a
+     reader of the DOM (a test, a tool) can check a chart has data and its labels do not overlap. */
+  function describeDrawing(u) {
+    var points = 0;
+    for (var s = 1; s < u.data.length; s++) {
+      (u.data[s] || []).forEach(function (v) { if (v !== null && v !== undefined) points++; });
+    }
+    var axis = u.axes[0], labels = [];
+    var ctx = u.ctx;
+    ctx.save();
+    ctx.font = (Array.isArray(axis.font) ? axis.font[0] : axis.font) || "12px system-ui";
+    var dpr = (typeof uPlot.pxRatio === "number" ? uPlot.pxRatio : window.devicePixelRatio) || 1;
+    (axis._splits || []).forEach(function (split, i) {
+      var text = (axis._values || [])[i];
+      if (text === null || text === undefined || text === "") return;
+      var x = u.valToPos(split, "x");
+      String(text).split("\n").forEach(function (line, row) {  // time labels have a second line (the date)
+        var w = ctx.measureText(line).width / dpr;
+        labels.push([line, Math.round((x - w / 2) * 10) / 10, Math.round((x + w / 2) * 10) / 10, row]);
+      });
+    });
+    ctx.restore();
+    u.root.parentNode.setAttribute("data-points", String(points));
+    u.root.parentNode.setAttribute("data-x-labels", JSON.stringify(labels));
+  }
+
   /* `unitRange`: the y axis always shows [0, 1] (rewards), so small wiggles do not look like trends. */
+  /* uPlot's points filter: draw a series' points where it has few of them (or isolated ones). */
+  function sparse(u, si) {
+    var values = u.data[si] || [], shown = 0;
+    for (var i = 0; i < values.length; i++) if (values[i] !== null && values[i] !== undefined) shown++;
+    return shown <= 30;
+  }
+
   function lineOpts(series, yLabel, timeAxis, unitRange) {
     return function (width, height) {
       var y = unitRange ? {range: function (u, min, max) {
@@ -67,8 +104,9 @@
         axes: [{stroke: "#59636e", grid: {stroke: "#eaeef2"}},
                {label: yLabel, stroke: "#59636e", grid: {stroke: "#eaeef2"}, size: 56}],
         series: [{label: timeAxis ? "time" : "step"}].concat(series.map(function (s) {
+          // points on sparse time series too: a run shorter than two samples still shows its dot
           return {label: s.label, stroke: s.color, width: 2, dash: s.dash, spanGaps: !timeAxis,
-                  points: {show: !timeAxis, size: 4}, value: function (u, v) { return fmt(v); }};
+                  points: {show: timeAxis ? sparse : true, size: 5}, value: function (u, v) { return fmt(v); }};
         }))
       };
     };
@@ -96,9 +134,11 @@
     };
   }
 
-  /* Bins are (lo, hi]; the open-ended outer bins have lo or hi null. */
-  function binLabel(b) {
-    if (b.lo === null) return "\u2264" + fmt(b.hi);
+  /* Bins are (lo, hi]; the open-ended outer bins have lo or hi null. The first bin drawn holds
+     every reward at or below its upper edge (empty bins below it are left out), so it reads "\u22640"
+     where rewards of 0 are, not "-0.25\u20130". */
+  function binLabel(b, i) {
+    if (b.lo === null || i === 0) return "\u2264" + fmt(b.hi);
     if (b.hi === null) return ">" + fmt(b.lo);
     return fmt(b.lo) + "\u2013" + fmt(b.hi);
   }
@@ -165,7 +205,7 @@
         stats.appendChild(el("div", {"class": "stat"}, [valueNode("b", s[0], s[1]), el("span", {text: s[2]})]));
       });
       var bins = env.histogram;
-      var labels = bins.map(binLabel);
+      var labels = bins.map(function (b, j) { return binLabel(b, j); });
       var histHost = node.querySelector('[data-chart="reward-histogram"]');
       if (bins.length) {
         chart("hist:" + env.name, histHost, "hist:" + labels.join("|"), barOpts(labels, colorOf(env.name), "replies"),

@@ -1,7 +1,9 @@
 """The head's dashboard in a real headless Chromium while rollouts flow through a real stack
 (head, exact_match, the scripted `models/stub` policy standing in for a model, simple_agent):
 charts are drawn, its numbers are the head's `/health/servers` numbers, training records
-posted by the trainer's feed show up, and a screenshot is saved under test-output/."""
+posted by the trainer's feed show up, and a screenshot is saved under test-output/. After a
+run of a few seconds every chart has data and no two axis labels overlap, on the dashboard
+and in `gymserve collect`'s report."""
 from __future__ import annotations
 
 import asyncio
@@ -153,6 +155,64 @@ def test_dashboard_in_chromium(stack, browser, tmp_path):
 
     shot = browser.screenshot(url, SCREENSHOT_DIR / "dashboard.png", budget_ms=3000)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def _overlaps(labels: list[list]) -> list[tuple[str, str]]:
+    """Pairs of neighbouring labels ([text, left px, right px, line]) on one line whose boxes touch or overlap."""
+    out = []
+    for line in {label[3] if len(label) > 3 else 0 for label in labels}:
+        spans = sorted((lb[1], lb[2], lb[0]) for lb in labels if (lb[3] if len(lb) > 3 else 0) == line)
+        out += [(a[2], b[2]) for a, b in zip(spans, spans[1:]) if b[0] < a[1] + 2]
+    return out
+
+
+def test_charts_have_data_and_labels_apart_after_a_short_run(stack, browser, tmp_path):
+    """A run of a few seconds, rewards 0 and 1: the mean-reward and traffic charts show it at once,
+    the histogram's bin for rewards of 0 reads "≤0", and no two x labels overlap (each chart's
+    container records the labels it drew with their pixel extents)."""
+    head = stack
+    rows = [_row("Paris" if i % 3 else "Rome", [{"sleep": 0.05, "text": "Paris"}]) for i in range(30)]
+    out = tmp_path / "short.jsonl"
+    _collect(head.url, rows, out)
+    head.get("/health/servers")  # a sample after the run, as the head's timer takes every few seconds
+    url = f"{head.url}/dashboard"
+    dom = DomIndex(browser.dump_dom(url, budget_ms=3000))
+    card = dom.find("div", data_env="exact_match")[0]
+    charts = {el.attrs["data-chart"]: el for el in dom.find("div", data_chart="*")}
+    for key in ("reward-histogram", "rates", "latency"):
+        assert int(charts[key].attrs.get("data-points", "0")) > 0, (key, charts[key].attrs)
+    mean = dom.within(card, "div", data_chart="reward-mean")[0]
+    assert int(mean.attrs.get("data-points", "0")) > 0, mean.attrs
+    hist = dom.within(card, "div", data_chart="reward-histogram")[0]
+    hist_labels = json.loads(hist.attrs["data-x-labels"])
+    assert hist_labels[0][0] == "≤0" and not any(label[0].startswith("-0.25") for label in hist_labels)
+    for key, el in [("histogram", hist), ("mean", mean), ("rates", charts["rates"]), ("latency", charts["latency"])]:
+        labels = json.loads(el.attrs["data-x-labels"])
+        assert labels and not _overlaps(labels), (key, labels)
+    shot = browser.screenshot(url, SCREENSHOT_DIR / "dashboard_short_run.png", budget_ms=3000)
+    assert shot.stat().st_size > 20_000
+
+    # the collect report: its SVG labels measured by the browser that renders them
+    report = sibling(out, "_report.html").read_text()
+    probe = tmp_path / "report_probe.html"
+    probe.write_text(report.replace("</body>", MEASURE_SVG_LABELS + "</body>"))
+    measured = DomIndex(browser.dump_dom(probe.as_uri(), budget_ms=1000))
+    boxes = json.loads(measured.find("body")[0].attrs["data-x-labels"])
+    assert boxes and "≤0" in [label[0] for chart in boxes for label in chart]
+    for chart in boxes:
+        assert not _overlaps(chart), chart
+    browser.screenshot(probe.as_uri(), SCREENSHOT_DIR / "collect_report.png", budget_ms=1000)
+
+
+# In the browser: each SVG chart's x tick labels (the text under the plot) with their rendered extents.
+MEASURE_SVG_LABELS = """<script>
+document.body.setAttribute("data-x-labels", JSON.stringify(Array.prototype.map.call(
+  document.querySelectorAll("svg.chart"), function (svg) {
+    var ticks = Array.prototype.filter.call(svg.querySelectorAll("text.tick"), function (t) {
+      return t.getAttribute("text-anchor") === "middle" && t.textContent !== "step"; });
+    return ticks.map(function (t) { var b = t.getBoundingClientRect(); return [t.textContent, b.left, b.right]; });
+  })));
+</script>"""
 
 
 def test_static_files_are_cached_and_bounded(stack):

@@ -41,7 +41,12 @@ def test_report_is_self_contained_html(tmp_path):
     assert [el.text for el in dom.within(math_card, data_field="*")] == ["8", "0.75", "3"]
     assert "timeout" in math_card.text and len(dom.within(math_card, "svg")) == 1
     bars = dom.within(math_card, "rect")
-    assert sorted(b.text for b in bars if not b.text.endswith(": 0")) == ["-0.25–0: 2", "0.9–1: 6"]
+    # the first bin drawn holds the rewards of 0: "≤0", not "-0.25–0"
+    assert sorted(b.text for b in bars if not b.text.endswith(": 0")) == ["0.9–1: 6", "≤0: 2"]
+    ticks = [t.text for t in dom.within(math_card, "text") if t.attrs.get("class") == "tick"]
+    assert "≤0" in ticks and "-0.25–0" not in ticks
+    # 11 bins in 384 px: every other bin labelled, so "0.2–0.3" and "0.3–0.4" do not run into each other
+    assert "0.1–0.2" in ticks and "0.2–0.3" not in ticks
     assert len(dom.within(dom.by_id("training"), "polyline")) == 2  # reward and KL curves
     assert not list(tmp_path.glob("*.tmp"))
 

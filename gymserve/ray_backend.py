@@ -18,7 +18,9 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, TextIO
@@ -26,6 +28,7 @@ from typing import Any, Iterator, TextIO
 import httpx
 
 from services.core.app import server_type_name
+from services.core.affinity import SESSION_STORE_ENV
 from services.core.auth import api_key, auth_headers
 from services.core.client import shared_client
 from services.core.config import ConfigError, ServerSpec, Stack, interpolate
@@ -39,6 +42,7 @@ HEARTBEAT_S = 2.0
 REGISTRATION_TTL_S = 10.0
 DEFAULT_MAX_ONGOING_REQUESTS = 256  # our servers are async with their own pools: Serve's default of 5 starves them
 REPLICA_PREFIX = "SERVE_REPLICA::"
+DRAIN_S = 30.0
 
 
 @dataclass
@@ -65,7 +69,8 @@ class ServerDeployment:
             "ray_actor_options": actor,
             "max_ongoing_requests": spec.max_ongoing_requests or DEFAULT_MAX_ONGOING_REQUESTS,
             "health_check_period_s": 2.0,
-            "graceful_shutdown_timeout_s": 5.0,
+            # a resource replica that scales down first serves its open sessions that cannot move (DRAIN_S)
+            "graceful_shutdown_timeout_s": DRAIN_S + 5.0 if self.kind.startswith("resources/") else 5.0,
         }
         if spec.autoscaling is not None:
             out["autoscaling_config"] = spec.autoscaling.model_dump()
@@ -98,11 +103,17 @@ def _gym_server_class() -> type:
     @serve.ingress()
     class GymServer:
         def __init__(self, kind: str, name: str, options: dict[str, Any], head_url: str,
-                     secrets: dict[str, str]) -> None:
+                     secrets: dict[str, str], env: dict[str, str] | None = None) -> None:
             self.kind, self.name, self.options, self.head_url = kind, name, options, head_url
             # the key travels as a bound argument, not in the runtime_env (shown in Ray's dashboard
             # and state API): replicas on other nodes do not see our environment
             os.environ.update(secrets)
+            os.environ.update(env or {})
+            if env and SESSION_STORE_ENV in env:
+                import ray
+
+                # a port of this replica's own on its node's address: agents call a session's owner directly
+                os.environ.setdefault("GYMSERVE_DIRECT_HOST", ray.util.get_node_ip_address())
 
         def __serve_build_asgi_app__(self) -> Any:
             from gymserve.commands.serve import load_config
@@ -150,6 +161,10 @@ class RayCluster:
         self.started_ray = False
         self.started_serve = False
         self.apps: list[str] = []
+        # session journals and the replica registry of stateful servers: a folder every replica can read
+        # (one machine: a temporary folder removed at shutdown; several nodes: a shared GYMSERVE_SESSION_STORE)
+        self.session_store = os.environ.get(SESSION_STORE_ENV) or ""
+        self.own_store = False
 
     def connect(self) -> None:
         import ray
@@ -205,9 +220,15 @@ class RayCluster:
 
         cls = _gym_server_class()
         targets = []
+        if not self.session_store:
+            self.session_store = tempfile.mkdtemp(prefix="gymserve-sessions-")
+            self.own_store = True
         for dep in deployments:
+            env = {SESSION_STORE_ENV: self.session_store} if dep.kind.startswith(("resources/", "agents/")) else {}
+            if dep.kind.startswith("resources/"):
+                env["GYMSERVE_DRAIN_S"] = str(DRAIN_S)
             app = serve.deployment(cls, **dep.deployment_options()).bind(dep.kind, dep.name, dep.options, head_url,
-                                                                         replica_secrets())
+                                                                         replica_secrets(), env)
             targets.append(RunTarget(target=app, name=dep.name, route_prefix=f"/{dep.name}"))
         serve.run_many(targets, wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
         self.apps = [d.name for d in deployments]
@@ -241,15 +262,19 @@ class RayCluster:
         import ray
         from ray import serve
 
-        if not ray.is_initialized():
-            return
-        with contextlib.suppress(Exception):
-            if self.started_serve:
-                serve.shutdown()
-            else:  # a Serve someone else runs on the cluster keeps its other applications
-                for name in self.apps:
-                    serve.delete(name, _blocking=True)
-        ray.shutdown()
+        try:
+            if not ray.is_initialized():
+                return
+            with contextlib.suppress(Exception):
+                if self.started_serve:
+                    serve.shutdown()
+                else:  # a Serve someone else runs on the cluster keeps its other applications
+                    for name in self.apps:
+                        serve.delete(name, _blocking=True)
+            ray.shutdown()
+        finally:
+            if self.own_store:
+                shutil.rmtree(self.session_store, ignore_errors=True)
 
 
 def _kill_own_session() -> None:

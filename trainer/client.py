@@ -19,8 +19,10 @@ import json
 import os
 import threading
 import time
+import uuid
 from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
+from services.agents.checkpoint import ROLLOUT_HEADER
 from services.core.auth import adopt_default_key
 from services.core.client import ServiceClient
 from services.core.redaction import redact_text
@@ -235,6 +237,8 @@ class RolloutClient:
     async def _run_with_retries(self, name: str, row: dict[str, Any]) -> Any:
         deadline = time.monotonic() + self.deadline_s
         last: UpstreamError | None = None
+        # one name for every attempt: an agent that keeps checkpoints goes on where a dead replica stopped
+        headers = {ROLLOUT_HEADER: uuid.uuid4().hex}
         for attempt in range(1 + self.retries):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -242,13 +246,20 @@ class RolloutClient:
             url = await self.resolve(name)
             try:
                 response = await self.client.request("POST", f"{url}/run", json=row, deadline_s=remaining,
-                                                     retries=1)
+                                                     retries=1, headers=headers)
             except UpstreamError as exc:
                 if exc.kind == FailureKind.TIMEOUT and time.monotonic() >= deadline:
                     raise UpstreamError(f"rollout deadline of {self.deadline_s:g}s exceeded on agent {name!r} "
                                         f"({exc})", kind=FailureKind.TIMEOUT) from None
                 last = exc  # unreachable or 502/503/504: it may have moved; ask the head again
                 self.directory.invalidate(name)
+                await asyncio.sleep(min(0.2 * 2 ** attempt, max(0.0, deadline - time.monotonic())))
+                continue
+            if response.status_code == 500 and attempt < self.retries:
+                # what Ray Serve answers for the requests of a replica that died: the retry, under the same
+                # rollout id, goes on from the rollout's checkpoint on another replica (a real agent bug
+                # answers 500 again and is masked then)
+                last = UpstreamError(f"agent {name!r} answered 500: {_detail(response)}")
                 await asyncio.sleep(min(0.2 * 2 ** attempt, max(0.0, deadline - time.monotonic())))
                 continue
             if response.status_code >= 400:

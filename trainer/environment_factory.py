@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import httpx
 
+from services.core.affinity import CALL_SEQ_HEADER, REPLICA_HEADER
 from services.core.auth import auth_headers
 from services.core.content import content_text
 from services.core.directory import Directory
@@ -107,6 +108,9 @@ class GymserveEnvironment:
     def __init__(self) -> None:
         self._http = httpx.Client(base_url=self.url, timeout=self.timeout_s, headers=auth_headers())
         self._session: str | None = None
+        self._owner: str | None = None  # the replica holding the session (its own address), when it says
+        self._calls = 0
+        self._direct = True
         self._row: dict[str, Any] = {}
         self._items: list[dict[str, Any]] = []
         self._completion = ""
@@ -124,13 +128,34 @@ class GymserveEnvironment:
             raise ValueError(f"{self.environment}: /seed_session rejected the row ({reply.status_code}): "
                              f"{reply.text[:300]}")
         self._session = reply.json()["session_id"]
+        self._owner = reply.headers.get(REPLICA_HEADER) or None
+        self._direct = True
+        self._calls = 0
         return prompt_text(self._row)
+
+    def _session_post(self, path: str, body: Any, headers: dict[str, str]) -> httpx.Response:
+        """A call of the session: to its replica directly; through the balanced address (where another
+        replica rebuilds the session) when that replica is gone."""
+        headers = {"X-Session-Id": self._session or "", **headers}
+        if self._owner and self._direct:
+            try:
+                reply = self._http.post(self._owner.rstrip("/") + path, json=body, headers=headers,
+                                        timeout=httpx.Timeout(self.timeout_s, connect=5.0))
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError):
+                # gone, or not reachable from here (a trainer outside a compose network): the balanced
+                # address from now on, where the owner is found (or the session rebuilt) for us
+                self._direct = False
+            else:
+                self._owner = reply.headers.get(REPLICA_HEADER) or self._owner
+                return reply
+        return self._http.post(path, json=body, headers=headers)
 
     def _call_tool(self, name: str, arguments: dict[str, Any]) -> str:
         call_id = f"call_{len(self._items)}"
         self._items.append({"type": "function_call", "call_id": call_id, "name": name,
                             "arguments": json.dumps(arguments), "status": "completed"})
-        reply = self._http.post(f"/{name}", json=arguments, headers={"X-Session-Id": self._session or ""})
+        self._calls += 1  # a call sent again after its replica died is answered from the session's journal
+        reply = self._session_post(f"/{name}", arguments, {CALL_SEQ_HEADER: str(self._calls)})
         text = reply.text if reply.status_code < 400 else f"Error {reply.status_code}: {reply.text}"
         self._items.append({"type": "function_call_output", "call_id": call_id, "output": text})
         return text
@@ -149,8 +174,7 @@ class GymserveEnvironment:
         body = {**self._row, "response": {"object": "response", "status": "completed", "output": output}}
         body.setdefault("responses_create_params", {"input": [{"role": "user", "content": prompt_text(self._row)}]})
         try:
-            reply = self._http.post("/verify", json=body, headers={"X-Session-Id": self._session or "",
-                                                                   CLOSE_SESSION_HEADER: "1"})
+            reply = self._session_post("/verify", body, {CLOSE_SESSION_HEADER: "1"})
             self._session = None  # closed by the verify
         except httpx.HTTPError as exc:
             log.warning("%s: /verify failed (%s); the rollout is unscorable", self.environment, exc)

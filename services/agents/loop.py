@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import time
 import uuid
@@ -18,7 +19,8 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from services.core.auth import trust
+from services.core.affinity import CALL_SEQ_HEADER, REPLICA_HEADER, SESSION_STORE_ENV
+from services.core.auth import trust, trusted
 from services.core.client import ServiceClient, shared_client
 from services.core.config import ServerConfig, describe_validation_error
 from services.core.content import content_text
@@ -29,6 +31,8 @@ from services.core.replies import failed_reply
 from services.core.redaction import redact_text
 from services.core.resource import CLOSE_SESSION_HEADER
 from services.core.schemas import DatasetRow
+
+from .checkpoint import Checkpoints, Progress
 
 TRAINING_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 # Endpoints every resource server has: never reachable as tools, whatever the model asks.
@@ -58,6 +62,10 @@ class AgentConfig(ServerConfig):
     max_output_tokens: int | None = Field(None, gt=0, description="default when the row sets none")
     temperature: float | None = Field(None, ge=0, description="default when the row sets none")
     top_p: float | None = Field(None, gt=0, le=1, description="default when the row sets none")
+    rollout_store: str | None = Field(
+        default_factory=lambda: os.environ.get(SESSION_STORE_ENV) or None,
+        description="folder shared by this agent's replicas: checkpoints of rollouts in flight, so a retry "
+                    "on another replica goes on from the last completed step; unset: none")
 
     @field_validator("resources_server", "model_server", mode="before")
     @classmethod
@@ -146,6 +154,17 @@ def error_message(response: Any) -> str:
     return response.text[:500]
 
 
+def session_failure(response: Any) -> str:
+    """Why a resource server refused a session's call (409): `session_lost` / `session_diverged` when it
+    says so, `upstream` otherwise."""
+    try:
+        kind = response.json()["error"]["failure_kind"]
+    except (ValueError, KeyError, TypeError):
+        return FailureKind.UPSTREAM
+    allowed = (FailureKind.SESSION_LOST.value, FailureKind.SESSION_DIVERGED.value)
+    return kind if kind in allowed else FailureKind.UPSTREAM
+
+
 def parse_row(body: Any) -> dict[str, Any]:
     """Validate a dataset row (the `/run` body); 400 naming the problem."""
     if not isinstance(body, dict):
@@ -214,10 +233,14 @@ class Agent:
         self.model = Upstream("model server", config.model_server, config.model_url, self.directory,
                               self.client)
         self._closing: set[asyncio.Task[Any]] = set()
+        self.checkpoints = Checkpoints(config.rollout_store) if config.rollout_store else None
 
-    async def run(self, row: dict[str, Any]) -> dict[str, Any]:
+    async def run(self, row: dict[str, Any], rollout_id: str | None = None) -> dict[str, Any]:
         self.rollout_class.check_row(row)
-        return await self.rollout_class(self, row).run()
+        rollout = self.rollout_class(self, row)
+        if rollout_id and self.checkpoints is not None and self.checkpoints.path(rollout_id) is not None:
+            rollout.rollout_id = rollout_id
+        return await rollout.run()
 
     def close_later(self, session_id: str) -> None:
         """Close the resource session in the background: the reply does not wait for cleanup."""
@@ -267,7 +290,11 @@ class Rollout:
         self.terminated = False  # a tool replied that the episode is over
         self.session_id = uuid.uuid4().hex
         self.session_closed = False
+        # the replica that holds the session (its own address, from /seed_session): the session's
+        # calls go there directly; None: through the resource server's balanced address
+        self.session_url: str | None = None
         self.deadline = time.monotonic() + self.config.rollout_deadline_s
+        self.rollout_id: str | None = None  # set when the caller names the rollout and checkpoints are kept
 
     @classmethod
     def check_row(cls, row: dict[str, Any]) -> None:
@@ -286,25 +313,87 @@ class Rollout:
 
     # ---- the rollout ---------------------------------------------------------- #
     async def run(self) -> dict[str, Any]:
+        ended = False  # a rollout cancelled midway keeps its session and checkpoint for a retry
         try:
-            await self.seed()
-            await self.converse()
-            return await self.verify()
+            progress = self.agent.checkpoints.load(self.rollout_id) if self.agent.checkpoints and self.rollout_id \
+                else None
+            if progress is not None:
+                await self.resume(progress)
+            else:
+                await self.seed()
+                self.save("seed")
+            if not self.terminated:
+                await self.converse()
+            reply = await self.verify()
+            ended = True
+            return reply
         except RolloutFailure as exc:
+            ended = True
             return self.masked(exc.kind, exc.reason)
         except GymError:
+            ended = True
             raise  # a 4xx about the row itself
         except Exception as exc:  # a bug must not cost the trainer the sample's bookkeeping
+            ended = True
             log.exception("rollout crashed")
             return self.masked(FailureKind.CRASH, f"agent error: {type(exc).__name__}: {exc}")
         finally:
-            if not self.session_closed:
-                self.agent.close_later(self.session_id)
+            if ended or not self.rollout_id:
+                if self.rollout_id and self.agent.checkpoints:
+                    self.agent.checkpoints.drop(self.rollout_id)
+                if not self.session_closed:
+                    self.agent.close_later(self.session_id)
+
+    # ---- checkpoints (a retry on another replica goes on from here) -------- #
+    def save(self, step: str, items: list[dict[str, Any]] | None = None) -> None:
+        if not self.rollout_id or self.agent.checkpoints is None:
+            return
+        last = {k: v for k, v in self.last_response.items() if k != "output"}
+        state = {"num_turns": self.num_turns, "usage": self.usage, "context_tokens": self.context_tokens,
+                 "tool_calls": self.tool_calls, "terminated": self.terminated, "stop_reason": self.stop_reason,
+                 "last_response": last}
+        self.agent.checkpoints.append(self.rollout_id, {"step": step, "session_id": self.session_id,
+                                                        "session_url": self.session_url, "items": items or [],
+                                                        "state": state})
+
+    async def resume(self, progress: Progress) -> None:
+        """Go on from the last completed step: the session and outputs so far as they were, then the tool
+        calls of the last model output that had not answered (their sequence numbers as first sent)."""
+        assert progress.session_id is not None
+        self.session_id = progress.session_id
+        if progress.session_url:
+            self.session_url = progress.session_url
+            trust(progress.session_url)
+        self.items = list(progress.items)
+        state = progress.state
+        self.num_turns = int(state.get("num_turns", 0))
+        self.usage = dict(state.get("usage") or self.usage)
+        self.context_tokens = int(state.get("context_tokens", 0))
+        self.tool_calls = int(state.get("tool_calls", 0))
+        self.terminated = bool(state.get("terminated", False))
+        self.stop_reason = str(state.get("stop_reason", self.stop_reason))
+        self.last_response = dict(state.get("last_response") or {})
+        log.info("rollout %s resumes after %d model calls and %d tool calls", self.rollout_id, self.num_turns,
+                 self.tool_calls)
+        for call in progress.pending_calls:
+            if self.terminated:
+                break
+            self.tool_calls += 1
+            item = await self.call_tool(call)
+            self.items.append(item)
+            self.save("tool", [item])
+        if self.terminated:
+            self.stop_reason = "terminated"
 
     async def seed(self) -> None:
         try:
             response = await self.agent.resources.post("/seed_session", self.row, session_id=self.session_id,
                                                        deadline_s=self.step_deadline("/seed_session"))
+            if response.status_code == 500:
+                # what Ray Serve answers for a replica that died: whatever it seeded died with it, so
+                # seeding again (on another replica) is safe; a real bug answers 500 again
+                response = await self.agent.resources.post("/seed_session", self.row, session_id=self.session_id,
+                                                           deadline_s=self.step_deadline("/seed_session"))
         except UpstreamError as exc:
             raise RolloutFailure(exc.kind, f"/seed_session on {self.agent.resources.describe()}: {exc.message}")
         if 400 <= response.status_code < 500:
@@ -320,6 +409,40 @@ class Rollout:
             sid = None
         if isinstance(sid, str) and sid:
             self.session_id = sid
+        self.follow(response, await self.agent.resources.base())
+
+    def follow(self, response: Any, via: str | None = None) -> None:
+        """Call the session's owner directly from now on, when a server we trust names it."""
+        owner = response.headers.get(REPLICA_HEADER)
+        if isinstance(owner, str) and owner.startswith(("http://", "https://")) and (
+                via is None or trusted(via)):
+            trust(owner)
+            self.session_url = owner.rstrip("/")
+
+    async def session_post(self, path: str, payload: Any, *, deadline_s: float, retries: int | None = None,
+                           headers: dict[str, str] | None = None) -> Any:
+        """A call of the session: to its owner replica directly; when that replica is gone (nothing
+        answers), through the balanced address, where another replica forwards or rebuilds it."""
+        started = time.monotonic()
+        if self.session_url:
+            try:
+                response = await self.agent.client.request(
+                    "POST", self.session_url + path, json=payload, session_id=self.session_id,
+                    deadline_s=deadline_s, retries=0, headers=headers)
+            except UpstreamError as exc:
+                if exc.kind != FailureKind.UPSTREAM or exc.upstream_status is not None:
+                    raise
+                log.info("session %s: its replica %s is gone; calling through the balanced address",
+                         self.session_id, self.session_url)
+                self.session_url = None
+            else:
+                self.follow(response)
+                return response
+        response = await self.agent.resources.post(path, payload, session_id=self.session_id,
+                                                   deadline_s=max(0.1, deadline_s - (time.monotonic() - started)),
+                                                   retries=retries, headers=headers)
+        self.follow(response)
+        return response
 
     async def converse(self) -> None:
         """Assistant turns until the conversation ends; multi-turn agents add user turns between them."""
@@ -349,7 +472,9 @@ class Rollout:
                 if self.config.max_tool_calls is not None and self.tool_calls >= self.config.max_tool_calls:
                     return self.exhausted("max_tool_calls", f"tool-call budget of {self.config.max_tool_calls}")
                 self.tool_calls += 1
-                self.items.append(await self.call_tool(call))
+                item = await self.call_tool(call)
+                self.items.append(item)
+                self.save("tool", [item])
                 if self.terminated:
                     self.stop_reason = "terminated"
                     return True
@@ -412,6 +537,7 @@ class Rollout:
         self.last_response = reply
         self.items.extend(output)
         self._count_tokens(reply, output)
+        self.save("model", output)
         return output
 
     def _count_tokens(self, reply: dict[str, Any], output: list[dict[str, Any]]) -> None:
@@ -450,14 +576,15 @@ class Rollout:
             return output(f"Error: the arguments of {name} must be a JSON object, got {type(arguments).__name__}.")
         what = f"tool {name}"
         try:
-            # Tools change state: no blind retries after the request may have reached the server.
-            response = await self.agent.resources.post(f"/{name}", arguments, session_id=self.session_id,
-                                                       deadline_s=self.step_deadline(what), retries=1)
+            # Tools change state: a repeat of this call (same sequence number) is answered from the
+            # session's journal, never applied twice, so a call whose replica died can be sent again.
+            response = await self.session_post(f"/{name}", arguments, deadline_s=self.step_deadline(what), retries=1,
+                                               headers={CALL_SEQ_HEADER: str(self.tool_calls)})
         except UpstreamError as exc:
             raise RolloutFailure(exc.kind, f"{what} on {self.agent.resources.describe()}: {exc.message}")
         if response.status_code == 409:
-            raise RolloutFailure(FailureKind.UPSTREAM, f"{what}: the resource server lost the session: "
-                                             f"{error_message(response)}")
+            raise RolloutFailure(session_failure(response), f"{what}: the resource server lost the session: "
+                                                            f"{error_message(response)}")
         if response.status_code == 404:
             return output(f"Error: tool {name!r} does not exist on the resource server.")
         if 400 <= response.status_code < 500:
@@ -504,13 +631,16 @@ class Rollout:
     async def verify(self) -> dict[str, Any]:
         body = {**self.row, "response": self.response_object()}
         try:
-            response = await self.agent.resources.post(
-                "/verify", body, session_id=self.session_id, headers={CLOSE_SESSION_HEADER: "1"},
+            response = await self.session_post(
+                "/verify", body, headers={CLOSE_SESSION_HEADER: "1"},
                 deadline_s=min(self.config.verify_deadline_s, self.remaining("/verify")))
         except UpstreamError as exc:
             raise RolloutFailure(exc.kind, f"/verify on {self.agent.resources.describe()}: {exc.message}")
         # a gymserve resource server closes the session with the verify; others need /close_session
         self.session_closed = response.headers.get(CLOSE_SESSION_HEADER.lower()) == "1"
+        if response.status_code == 409:
+            raise RolloutFailure(session_failure(response), f"/verify: the resource server lost the session: "
+                                                            f"{error_message(response)}")
         if response.status_code >= 400:
             kind = FailureKind.BAD_REQUEST if response.status_code < 500 else FailureKind.UPSTREAM
             raise RolloutFailure(kind, f"/verify answered {response.status_code}: {error_message(response)}")

@@ -14,6 +14,7 @@ from services.core.openapi import SESSION_HEADER, describe
 from services.core.schemas import AggregateRequest, DatasetRow, ResponseObject, RolloutReply
 from services.models.openai_api import ResponsesRequest, parse_request
 
+from .checkpoint import ROLLOUT_HEADER
 from .loop import Agent, parse_row
 
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding"}
@@ -34,7 +35,7 @@ def create_agent_app(agent: Agent, *, description: str = "") -> FastAPI:
     async def run(request: Request) -> dict[str, Any]:
         """One rollout of a dataset row: seed, model/tool loop, verify."""
         row = parse_row(await read_json(request))
-        reply = await agent.run(row)
+        reply = await agent.run(row, request.headers.get(ROLLOUT_HEADER))
         metrics.failure(reply.get("failure_kind"))
         return reply
 

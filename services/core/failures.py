@@ -17,6 +17,8 @@ class FailureKind(str, Enum):
     UPSTREAM = "upstream"        # another server failed or answered something unusable
     SANDBOX = "sandbox"          # the code sandbox broke (not the program under test)
     CONTEXT_OVERFLOW = "context_overflow"  # the row's prompt does not fit the model server's context
+    SESSION_LOST = "session_lost"          # the replica holding the session died and it cannot be rebuilt
+    SESSION_DIVERGED = "session_diverged"  # rebuilding the session elsewhere gave other replies than it had
 
     def __str__(self) -> str:  # metrics labels and f-strings show the wire value on every Python
         return self.value

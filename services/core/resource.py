@@ -11,18 +11,23 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import os
 import secrets
 import time
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable, ClassVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import Field, ValidationError
 
+from .affinity import (FORWARDED_HEADER, SESSION_STORE_ENV, Affinity, SessionUnavailable, call_recorded,
+                       replica_host, start_direct_server)
 from .app import SESSION_COOKIE, create_app, read_json, session_id
 from .config import ServerConfig, describe_validation_error
-from .errors import BadRequest, Conflict, GymError, TooManyRequests
+from .errors import BadRequest, Conflict, GymError, TooManyRequests, Unavailable
+from .hosts import connect_url
+from .journal import JournalEntry
 from .failures import FailureKind
 from .metrics import Metrics
 from .metrics_agg import aggregate_metrics
@@ -53,8 +58,20 @@ class ResourceConfig(ServerConfig):
     use_pool: bool = Field(True, description="start the worker pool (environments that need it)")
     session_ttl_s: float = Field(600.0, gt=0, description="idle sessions are dropped (and their resources freed) "
                                                           "after this")
-    max_sessions: int = Field(1024, gt=0, description="open sessions; a /seed_session beyond gets 429")
+    max_sessions: int = Field(1024, gt=0, description="open sessions (per replica); a /seed_session beyond gets 429 "
+                                                      "when no replica has room")
     max_batch_items: int = Field(4096, gt=0, description="largest /verify/batch accepted")
+    session_store: str | None = Field(
+        default_factory=lambda: os.environ.get(SESSION_STORE_ENV) or None,
+        description="directory shared by the replicas of this server: session journals and the replica registry "
+                    "(sessions on a replica that dies are rebuilt elsewhere); unset: one process, no journal")
+    drain_s: float = Field(
+        default_factory=lambda: float(os.environ.get("GYMSERVE_DRAIN_S") or 0),
+        ge=0, description="on a graceful stop of a replica with its own address: keep serving its open sessions "
+                          "that cannot be rebuilt elsewhere for up to this long, taking no new ones")
+    direct_host: str | None = Field(
+        default_factory=lambda: os.environ.get("GYMSERVE_DIRECT_HOST") or None,
+        description="also serve on a port of this address of our own (a Ray Serve replica's direct address)")
 
 
 class Session:
@@ -74,6 +91,8 @@ class Session:
         # set when the session is closed or expires: a call that was waiting for `lock` must not
         # start anything for it then (nothing would ever release it, outside `max_sessions`)
         self.closed = False
+        self.journal: list[JournalEntry] = []  # tool calls with their replies, when the server journals
+        self.rebuilt = False  # rebuilt from its journal after its replica died
 
 
 def new_session_id() -> str:
@@ -103,6 +122,10 @@ class Environment:
     # finished group through `/verify/batch` (trainer/group_rewards.py)
     REWARD_SCOPES: ClassVar[tuple[str, ...]] = ("item", "group")
     reward_scope: ClassVar[str] = "item"
+    # A session can be rebuilt on another replica by seeding it again and replaying its tool calls:
+    # true only for an environment whose seed and tools are deterministic functions of the row and
+    # the calls (no clock, no randomness, no outside world)
+    rebuildable: ClassVar[bool] = False
     example_answer: ClassVar[str] = ""
 
     def __init__(self, config: ResourceConfig) -> None:
@@ -114,6 +137,7 @@ class Environment:
         self.external: dict[str, str] = {}
         self.closed_external: OrderedDict[str, float] = OrderedDict()
         self.metrics: Metrics | None = None  # the server's metrics, set when the app is built
+        self.affinity = Affinity(self, config.session_store)
 
     # ---- hooks an environment may override -------------------------------- #
     async def startup(self) -> None:
@@ -127,8 +151,11 @@ class Environment:
     async def shutdown(self) -> None:
         if self.pool:
             await self.pool.close()
+        self.affinity.withdraw()
         for sid in list(self.sessions):
-            await self.close_session(sid)
+            sess = self._forget(sid, journal=not self.affinity.enabled)  # journaled sessions move to a peer
+            if sess is not None:
+                await self.release(sess)
 
     def worker_initializer(self) -> Callable[[], Any] | None:
         """A module-level function each worker runs once (import heavy libraries here)."""
@@ -146,6 +173,10 @@ class Environment:
                                                       "responses_create_params": request.responses_create_params})
         except ValidationError as exc:
             raise BadRequest(describe_validation_error(exc)) from None
+
+    def stateful(self) -> bool:
+        """Whether a session holds state: the environment has tools or seeds sessions itself."""
+        return bool(self.tools()) or type(self).seed is not Environment.seed
 
     def ready_details(self) -> dict[str, Any]:
         """Extra fields for `/ready` (e.g. how the environment is isolated)."""
@@ -220,10 +251,12 @@ class Environment:
                                         or len(self.closed_external) > 4 * self.config.max_sessions):
             self.closed_external.popitem(last=False)
 
-    def _forget(self, sid: str) -> Session | None:
+    def _forget(self, sid: str, *, journal: bool = True) -> Session | None:
         sess = self.sessions.pop(sid, None)
         if sess is not None:
             sess.closed = True
+        if journal:
+            self.affinity.closed(sid)
         if sess is not None and sess.external_id is not None:
             self.external.pop(sess.external_id, None)
             self.closed_external[sess.external_id] = time.monotonic()
@@ -236,7 +269,8 @@ class Environment:
             raise TooManyRequests(f"too many open sessions (max_sessions={self.config.max_sessions}); close finished "
                                   f"ones with /close_session or wait for idle ones to expire "
                                   f"(session_ttl_s={self.config.session_ttl_s:g})")
-        sess = Session(new_session_id(), {}, external_id)
+        sid = self.affinity.new_session_id() if self.affinity.enabled else new_session_id()
+        sess = Session(sid, {}, external_id)
         self.sessions[sess.id] = sess
         if external_id is not None:
             self.external[external_id] = sess.id
@@ -250,10 +284,32 @@ class Environment:
         return True
 
     async def sweep_sessions(self) -> None:
-        """Expire idle sessions even when no request comes (frees interpreters and memory)."""
+        """Expire idle sessions even when no request comes (frees interpreters and memory), and tell the
+        replica registry how many sessions this replica holds."""
+        period = min(30.0, self.config.session_ttl_s / 4)
+        beat = 2.0 if self.affinity.enabled else period
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(min(30.0, self.config.session_ttl_s / 4))
-            self._expire_sessions()
+            await asyncio.sleep(min(beat, period))
+            self.affinity.heartbeat()
+            if time.monotonic() - last >= period:
+                self._expire_sessions()
+                last = time.monotonic()
+
+    async def find_session(self, request: Request, path: str, *, required: bool) -> Session | Response | None:
+        """The request's session: held here, answered by the replica that holds it (a Response), or rebuilt
+        here from its journal; a session that is gone is a 409 naming why."""
+        sid = session_id(request)
+        found = self.session(sid, required=required and (sid is None or not self.affinity.enabled))
+        if found is not None or sid is None or not self.affinity.enabled:
+            return found
+        located = await self.affinity.locate(request, sid, path)
+        if located is None and required:
+            raise SessionUnavailable(f"unknown session {sid!r}: it was closed, expired, or this server restarted; "
+                                     "seed a new session", FailureKind.SESSION_LOST)
+        if isinstance(located, Session):
+            located.touched = time.monotonic()
+        return located
 
     def tool_parameters(self, name: str, fn: ToolFn) -> dict[str, Any]:
         """JSON schema of a tool's arguments (the request body of `POST /name`): from its signature
@@ -268,6 +324,35 @@ class Environment:
             if getattr(member, "__gym_tool__", False):
                 found[name] = getattr(self, name)
         return found
+
+    def describe_tools(self) -> list[dict[str, Any]]:
+        """`{name, description, parameters}` of every tool: what `POST /{name}`, the OpenEnv binding's
+        reset observation and the MCP binding's `tools/list` all describe."""
+        return [{"name": name, "description": " ".join((fn.__doc__ or "").split()),
+                 "parameters": self.tool_parameters(name, fn)} for name, fn in self.tools().items()]
+
+    async def invoke_tool(self, sess: Session, name: str, arguments: Any) -> Any:
+        """Call tool `name` on `sess` (one call at a time per session): the one path of `POST /{name}`,
+        an OpenEnv tool step and an MCP `tools/call`. Bad arguments are a 400 naming the tool."""
+        fn = self.tools().get(name)
+        if fn is None:
+            raise BadRequest(f"tool: no tool named {name!r} (tools: {', '.join(sorted(self.tools())) or 'none'})")
+        arguments = {} if arguments is None else arguments
+        if not isinstance(arguments, dict):
+            raise BadRequest(f"tool {name}: arguments must be a JSON object")
+        required = [key for key in self.tool_parameters(name, fn).get("required", []) if isinstance(key, str)]
+        missing = [key for key in required if key not in arguments]
+        if missing:
+            raise BadRequest(f"tool {name}: missing required argument(s): {', '.join(missing)}")
+        async with sess.lock:
+            if sess.closed:
+                raise Conflict(f"session {sess.id!r} was closed while this call waited for the one before it")
+            try:
+                return await fn(sess, **arguments)
+            except TypeError as exc:
+                if "argument" in str(exc):
+                    raise BadRequest(f"tool {name}: {exc}") from None
+                raise
 
 
 def _parse_verify(body: Any, where: str = "body") -> VerifyRequest:
@@ -300,7 +385,30 @@ def create_resource_app(env: Environment) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    app = create_app(config, on_startup=[env.startup, start_sweeper], on_shutdown=[env.shutdown, stop_sweeper],
+    direct: list[Any] = []
+
+    async def start_affinity() -> None:
+        """Journaled replicas announce their own address; a Ray replica first gets one (a port of its own)."""
+        if not env.affinity.enabled:
+            return
+        if config.direct_host:
+            server, task, url = await start_direct_server(app, config.direct_host)
+            direct.extend([server, task])
+            env.affinity.announce(url)
+        elif config.port:
+            env.affinity.announce(connect_url(replica_host(config.host), config.port))
+
+    async def stop_affinity() -> None:
+        if direct and config.drain_s > 0:  # only the replica's own address still answers now
+            await env.affinity.drain(config.drain_s)
+        env.affinity.withdraw()
+        if direct:
+            direct[0].should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(direct[1], 10.0)
+
+    app = create_app(config, on_startup=[env.startup, start_sweeper, start_affinity],
+                     on_shutdown=[env.shutdown, stop_sweeper, stop_affinity],  # run last to first
                      readiness=env.ready, description=env.description, ready_details=env.ready_details)
     metrics = app.state.metrics
     app.state.env = env
@@ -322,15 +430,25 @@ def create_resource_app(env: Environment) -> FastAPI:
         body_required=False, reply=SeedSessionReply, errors=(409, 429, 503),
         summary="Start a session for a row (stateful environments)",
         examples={"example": env.example_row} if env.example_row else None))
-    async def seed_session(request: Request) -> JSONResponse:
+    async def seed_session(request: Request) -> Response:
         body = await read_json(request, allow_empty=True)
         if body is not None and not isinstance(body, dict):
             raise BadRequest("body: expected a JSON object (the dataset row)")
         if isinstance(body, dict) and "resources_session_id" in body:
-            return await _seed_named(request, body)
+            owned = await env.affinity.to_owner(request, "/seed_session", session_id(request))
+            return owned if owned is not None else await _seed_named(request, body)
+        if request.headers.get(FORWARDED_HEADER) != "1":
+            home = env.affinity.better_home()  # full here, or a peer holds clearly fewer sessions
+            if home is not None:
+                forwarded = await env.affinity.forward(request, "/seed_session", home)
+                if forwarded is not None and forwarded.status_code != 429:
+                    return forwarded
+        if env.affinity.draining:
+            raise Unavailable("this replica is stopping and takes no new sessions; seed again")
         # The id is always issued here: a caller cannot choose one, nor reset another caller's session.
         sess = env.open_session()
         extra = await _seed(sess, body or {})
+        env.affinity.started(sess, body or {})
         return _with_session(JSONResponse({"session_id": sess.id, **(extra or {})}), sess)
 
     async def _seed(sess: Session, row: dict[str, Any]) -> dict[str, Any]:
@@ -361,19 +479,22 @@ def create_resource_app(env: Environment) -> FastAPI:
                 raise BadRequest("task_data: expected a JSON object (the dataset row)")
             sess = env.open_session(name)
             await _seed(sess, task_data)
+            env.affinity.started(sess, task_data)
         return _with_session(JSONResponse({"resources_session_id": name}), sess)
 
     def _with_session(response: JSONResponse, sess: Session) -> JSONResponse:
         response.set_cookie(SESSION_COOKIE, sess.id, httponly=True, samesite="lax")
         response.headers["X-Session-Id"] = sess.id
-        return response
+        return env.affinity.reply_headers(response)
 
     @app.post("/verify", **describe(
         body=env.request_model, reply=env.reply_model, errors=(503,), examples=verify_example,
         parameters=[SESSION_HEADER], summary="Judge one rollout: the request echoed back plus the reward"))
-    async def verify(request: Request) -> JSONResponse:
+    async def verify(request: Request) -> Response:
         parsed = _parse_verify(await read_json(request))
-        sess = env.session(session_id(request), required=False)
+        sess = await env.find_session(request, "/verify", required=False)
+        if isinstance(sess, Response):
+            return sess  # answered by the replica that holds the session
         reply = await env.checked_verify(parsed, sess)
         # a JSONResponse skips FastAPI's jsonable_encoder pass over an already JSON-ready dict (hot path)
         response = JSONResponse(count(reply).dump())
@@ -435,12 +556,20 @@ def create_resource_app(env: Environment) -> FastAPI:
     async def close_session(request: Request) -> dict[str, Any]:
         body = await read_json(request, allow_empty=True)
         if isinstance(body, dict) and "resources_session_id" in body:
-            return await _close_named(request, body)
+            owned = await env.affinity.to_owner(request, "/close_session", session_id(request))
+            return owned if owned is not None else await _close_named(request, body)  # type: ignore[return-value]
         sid = session_id(request) or (body.get("session_id") if isinstance(body, dict) else None)
         if not sid:
             raise BadRequest("no session id to close (X-Session-Id header, cookie, or body.session_id)")
         if not isinstance(sid, str):
             raise BadRequest(f"session_id: expected a string, got {type(sid).__name__}")
+        if sid not in env.sessions and env.affinity.enabled:
+            owner = env.affinity.peers().get(env.affinity.owner_of(sid) or "")
+            if owner is not None and request.headers.get(FORWARDED_HEADER) != "1":
+                forwarded = await env.affinity.forward(request, "/close_session", owner)
+                if forwarded is not None:
+                    return forwarded  # type: ignore[return-value]
+            env.affinity.closed(sid)  # its replica is gone: its journal goes too
         return {"session_id": sid, "closed": await env.close_session(sid)}
 
     async def _close_named(request: Request, body: dict[str, Any]) -> dict[str, Any]:
@@ -459,6 +588,9 @@ def create_resource_app(env: Environment) -> FastAPI:
 
     for name, fn in env.tools().items():
         _add_tool_route(app, env, name, fn)
+    from .bindings import mount_bindings  # the OpenEnv and MCP faces of the same environment
+
+    mount_bindings(app, env, count)
     return app
 
 
@@ -474,17 +606,32 @@ def _add_tool_route(app: FastAPI, env: Environment, name: str, fn: ToolFn) -> No
         missing = [key for key in required if key not in arguments]
         if missing:  # before the session: the caller learns what its call lacks first
             raise BadRequest(f"tool {name}: missing required argument(s): {', '.join(missing)}")
-        sess = env.session(session_id(request), required=True)
+        sess = await env.find_session(request, f"/{name}", required=True)
+        if isinstance(sess, Response):
+            return sess  # answered by the replica that holds the session
         assert sess is not None
+        if not env.affinity.enabled:
+            return await env.invoke_tool(sess, name, arguments)
         async with sess.lock:
             if sess.closed:
                 raise Conflict(f"session {sess.id!r} was closed while this call waited for the one before it")
-            try:
-                return await fn(sess, **arguments)
-            except TypeError as exc:
-                if "argument" in str(exc):
-                    raise BadRequest(f"tool {name}: {exc}") from None
-                raise
+            return await _journaled(sess, request, arguments)
+
+    async def _journaled(sess: Session, request: Request, arguments: dict[str, Any]) -> Any:
+        """The call applied once and journaled before its reply leaves; a repeat gets the journaled reply."""
+        repeat = env.affinity.recorded(sess, request)
+        if repeat is not None:
+            return env.affinity.reply_headers(repeat)
+        try:
+            status, reply = await call_recorded(fn, sess, arguments)
+        except TypeError as exc:
+            if "argument" in str(exc):
+                raise BadRequest(f"tool {name}: {exc}") from None
+            raise
+        env.affinity.record(sess, request, name, arguments, status, reply)
+        if status >= 400:
+            raise {400: BadRequest, 409: Conflict}.get(status, GymError)(reply, status_code=status)
+        return env.affinity.reply_headers(JSONResponse(reply))
 
     app.add_api_route(f"/{name}", call_tool, methods=["POST"], name=name, description=(fn.__doc__ or "").strip(),
                       tags=["tools"], **describe(body=parameters, body_required=False,

@@ -81,4 +81,5 @@ def test_failure_kind_is_the_plain_string_on_the_wire():
 
     assert json.dumps({"k": FailureKind.TIMEOUT}) == '{"k": "timeout"}'
     assert f"{FailureKind.SANDBOX}" == "sandbox" and str(FailureKind.BAD_REQUEST) == "bad_request"
-    assert FAILURE_KINDS == ("timeout", "crash", "bad_request", "upstream", "sandbox", "context_overflow")
+    assert FAILURE_KINDS == ("timeout", "crash", "bad_request", "upstream", "sandbox", "context_overflow",
+                             "session_lost", "session_diverged")

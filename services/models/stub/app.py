@@ -11,7 +11,9 @@ the `script` option; past its end the stub answers `text`. A step is an object w
 `text` (final message), `tool_calls` (list of `{name, arguments}`; `arguments` may be an
 invalid JSON string on purpose), `status` + `error` (answer with that HTTP error),
 `sleep` (seconds to wait first), `usage` (token counts to report), `retry_after` (the
-`Retry-After` header of a scripted error).
+`Retry-After` header of a scripted error). With `metadata.stub_turn: "input"` the step is
+instead the number of model outputs already in the request's input (function calls and
+assistant messages), so a conversation replayed elsewhere gets the same answers.
 
 The `rules` option makes it a scripted judge: the first rule whose `match` (a regular
 expression) is found in the request's input text gives the step, whatever the session, so
@@ -72,6 +74,14 @@ class Config(ServerConfig):
 def _message(text: str) -> dict[str, Any]:
     return {"type": "message", "id": f"msg_{uuid.uuid4().hex[:16]}", "role": "assistant", "status": "completed",
             "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def outputs_in(items: Any) -> int:
+    """Model outputs already in a conversation: each was one function call or one assistant message."""
+    if not isinstance(items, list):
+        return 0
+    return sum(1 for i in items if isinstance(i, dict) and (
+        i.get("type") == "function_call" or (i.get("role") == "assistant" and i.get("type", "message") == "message")))
 
 
 def _call(spec: dict[str, Any]) -> dict[str, Any]:
@@ -136,6 +146,8 @@ def build(config: Config) -> FastAPI:
             turn = turns[sid] if sid else 0
             if sid:
                 turns[sid] += 1
+            if isinstance(body.get("metadata"), dict) and body["metadata"].get("stub_turn") == "input":
+                turn = outputs_in(body.get("input"))
             step = script[turn] if turn < len(script) else {"text": config.text}
         if step.get("sleep"):
             await asyncio.sleep(float(step["sleep"]))

@@ -93,6 +93,7 @@ class Workplace(Environment):
                        {"recipient": "bob.martinez@lumen.io", "subject": "Launch", "body": "It moves."})}]}
     example_answer = "Done."
     description = "Company database tools; reward 1 when the final state equals the ground truth's."
+    rebuildable = True  # seed and tools are functions of the row and the calls (fixed clock, counted ids)
 
     async def seed(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         session.data["db"] = WorkplaceDB.from_row(body)

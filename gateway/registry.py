@@ -24,7 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from services.core.app import server_type_name
 from services.core.errors import GymError
 from services.core.hosts import connect_url
+from services.core.bindings import binding_urls
 from services.core.config import Stack
+from services.core.loader import is_package_kind
 
 from .nemo_gym import instance_fields
 
@@ -105,8 +107,17 @@ class Instance:
             "trusted": self.trusted,
             "heartbeat_age_s": None if self.registered_at is None else round(time.time() - self.registered_at, 3),
             "start_time": self.started_at,
+            **self.binding_urls(),
             **instance_fields(self.name),
         }
+
+    def binding_urls(self) -> dict[str, str]:
+        """`openenv_url` and `mcp_url` of one of our resource servers (every one has both bindings): what it
+        registered, else derived from its address, so a stack's servers list them before their first heartbeat."""
+        if self.server_type != "resources_servers" or not (self.kind.startswith("resources/")
+                                                           or is_package_kind(self.kind)):
+            return {}
+        return {**binding_urls(self.url), **{k: self.extra[k] for k in ("openenv_url", "mcp_url") if k in self.extra}}
 
 
 class Refused(GymError):

@@ -30,7 +30,7 @@ from services.core.app import server_type_name
 from services.core.hosts import connect_url
 from services.core.auth import auth_headers
 from services.core.config import ConfigError, Stack, interpolate
-from services.core.loader import available_kinds, module_name
+from services.core.loader import available_kinds, is_package_kind, load_server, module_name
 from services.core.ports import free_port, port_free
 
 from .child_env import child_env
@@ -94,6 +94,12 @@ def check_kind(name: str, kind: str, where: str) -> None:
 
         try:
             nemo_server_name(kind)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: servers.{name}: {exc}") from None
+        return
+    if is_package_kind(kind):  # from an installed package: it must load here (the children share this interpreter)
+        try:
+            load_server(kind)
         except ConfigError as exc:
             raise ConfigError(f"{where}: servers.{name}: {exc}") from None
         return

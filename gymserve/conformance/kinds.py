@@ -9,9 +9,9 @@ import yaml
 from gymserve.testing import ServerProcess
 from services.core.config import ConfigError
 from services.core.judge import JudgeConfig
-from services.core.loader import available_kinds, load_server
+from services.core.loader import available_kinds, is_package_kind, load_server, package_family
 
-from . import generic
+from . import bindings, generic
 from .probe import Probe
 from .report import CheckFailed, Report, expect
 from .rows import REPO, answer_text, check_verify_reply, example_files, example_rows, response_with_text, verify_body
@@ -23,9 +23,12 @@ AGENT_ENV = "exact_match"  # the environment an agent under check runs against
 
 def run_check(kind: str, options: list[str]) -> Report:
     """Start `kind` (with `options`) and the servers it needs, run every check, stop everything."""
-    if kind != "head" and kind not in available_kinds():
+    if is_package_kind(kind):  # an environment from an installed package (entry point or module:attribute)
+        family = package_family(kind)
+    elif kind != "head" and kind not in available_kinds():
         raise ConfigError(f"unknown server kind {kind!r}: expected head or one of {', '.join(available_kinds())}")
-    family = kind.split("/", 1)[0]
+    else:
+        family = kind.split("/", 1)[0]
     report = Report(kind)
     with servers() as pool:
         try:
@@ -90,7 +93,7 @@ def _check_rollout(report: Report, resources: Probe, agent: Probe, row: dict[str
 # --- resources -----------------------------------------------------------------------------------
 
 def _check_resources(report: Report, pool: Servers, kind: str, options: list[str]) -> None:
-    env_name = kind.split("/", 1)[1]
+    env_name = kind if is_package_kind(kind) else kind.split("/", 1)[1]
     source, rows = example_rows(env_name, ROW_LIMIT)
     with report.check("example rows: the environment ships example rows"):
         expect(rows, "none in " + " or ".join(str(p) for p in example_files(env_name)))
@@ -105,9 +108,12 @@ def _check_resources(report: Report, pool: Servers, kind: str, options: list[str
     pool.start(*helpers, env, stub, agent)
     probe, agent_probe = Probe(env.url, pool.key), Probe(agent.url, pool.key)
     try:
-        _generic(report, probe, "resources")
+        spec = _generic(report, probe, "resources")
+        bindings.check_openenv(report, probe, rows[0] if rows else {})
+        bindings.check_mcp(report, probe, [path for path, ops in ((spec or {}).get("paths") or {}).items()
+                                           if "tools" in ((ops.get("post") or {}).get("tags") or [])])
         if rows:
-            _check_rows(report, probe, rows, str(source.relative_to(REPO)) if source else "")
+            _check_rows(report, probe, rows, _shown(source))
             _check_sessions(report, probe, rows[0])
             _check_rollout(report, probe, agent_probe, rows[0])
     finally:
@@ -122,6 +128,13 @@ def _scripted_judge_reply(kind: str, options: list[str]) -> str | None:
     if not issubclass(module.Config, JudgeConfig) or any(o.startswith("judge_model_server=") for o in options):
         return None
     return str(getattr(module, "EXAMPLE_JUDGE_REPLY", "My final verdict is [[A=B]]"))
+
+
+def _shown(source: Any) -> str:
+    """An example file's path, relative to the checkout when it is in it (a package's lies elsewhere)."""
+    if source is None:
+        return ""
+    return str(source.relative_to(REPO)) if source.is_relative_to(REPO) else str(source)
 
 
 def _check_rows(report: Report, probe: Probe, rows: list[dict[str, Any]], source: str) -> None:

@@ -1,6 +1,7 @@
 """Example rows of an environment, and what a well-formed `/verify` reply looks like."""
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from pathlib import Path
@@ -15,7 +16,14 @@ SERVICES = REPO / "services"
 
 
 def example_files(env: str) -> list[Path]:
-    """Where an environment's example rows live: its own folder first, then `datasets/<env>/`."""
+    """Where an environment's example rows live: its own folder first, then `datasets/<env>/`; for an
+    environment from a package (`env` is its kind), `example.jsonl` beside the module that serves it."""
+    from services.core.loader import is_package_kind, load_server
+
+    if not (SERVICES / "resources" / env).is_dir() and is_package_kind(env):
+        server = load_server(env)
+        module = inspect.getmodule(server) or server
+        return [Path(inspect.getfile(module)).resolve().parent / "example.jsonl"]
     return [SERVICES / "resources" / env / "example.jsonl", REPO / "datasets" / env / "example.jsonl"]
 
 

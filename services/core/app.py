@@ -199,6 +199,13 @@ def _fastapi_telemetry() -> dict[str, Any]:
 def server_type_name(kind: str) -> str:
     """NeMo-Gym's server_type names for our kinds."""
     family = kind.split("/", 1)[0]
+    from .loader import FAMILIES, is_package_kind, package_family
+
+    if family not in FAMILIES and kind != "head" and is_package_kind(kind):
+        try:
+            family = package_family(kind)
+        except Exception:  # not installed here (the head of another machine): no family to name
+            family = "unknown"
     return {
         "resources": "resources_servers",
         "agents": "responses_api_agents",

@@ -18,7 +18,8 @@ import secrets
 from pathlib import Path
 from urllib.parse import urlsplit
 
-OPEN_PATHS = frozenset({"/", "/health", "/ready"})
+# `/openenv/health`: the liveness probe of the OpenEnv binding (OpenEnv's providers poll it)
+OPEN_PATHS = frozenset({"/", "/health", "/ready", "/openenv/health"})
 NO_AUTH_ENV = "GYMSERVE_NO_AUTH"  # "1": the loopback-only opt-out of `gymserve up --no-auth`
 
 _trusted: set[str] = set()

@@ -30,16 +30,22 @@ def advertised_host(config: ServerConfig) -> str:
 
 def registration_body(config: ServerConfig, server_type: str) -> dict:
     host = advertised_host(config)
-    return {
+    url = f"http://{host}:{config.port}"
+    body: dict[str, object] = {
         "name": config.name,
         "server_type": server_type,
         "kind": config.kind,
         "host": host,
         "port": config.port,
-        "url": f"http://{host}:{config.port}",
+        "url": url,
         "pid": os.getpid(),
         "ttl_s": max(3 * config.heartbeat_s, 5.0),
     }
+    if server_type == "resources_servers":  # every resource server speaks OpenEnv and MCP too
+        from .bindings import binding_urls
+
+        body.update(binding_urls(url))
+    return body
 
 
 STACK_TOKEN_ENV = "GYMSERVE_STACK_TOKEN"

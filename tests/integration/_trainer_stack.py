@@ -8,6 +8,7 @@ from typing import Iterator
 import httpx
 
 from gymserve.testing import ServerProcess
+from services.core.auth import auth_headers
 
 
 @contextlib.contextmanager
@@ -34,7 +35,7 @@ def wait_registered(head_url: str, names: list[str], timeout_s: float = 30.0) ->
     deadline = time.monotonic() + timeout_s
     missing = set(names)
     while time.monotonic() < deadline:
-        rows = httpx.get(f"{head_url}/server_instances", timeout=5).json()
+        rows = httpx.get(f"{head_url}/server_instances", timeout=5, headers=auth_headers()).json()
         missing = set(names) - {r["name"] for r in rows}
         if not missing:
             return

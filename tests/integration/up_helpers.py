@@ -31,14 +31,15 @@ def default_key_file(env: dict[str, str]) -> Path:
 
 
 class Up:
-    def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+                 python: str = sys.executable) -> None:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.env.pop("GYMSERVE_HEAD_URL", None)
         self._key_dir: str | None = None
         if not self.env.get("GYMSERVE_API_KEY") and "GYMSERVE_API_KEY_FILE" not in (env or {}):
             self._key_dir = tempfile.mkdtemp(prefix="gymserve-key-")
             self.env["GYMSERVE_API_KEY_FILE"] = os.path.join(self._key_dir, "api_key")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gymserve", "up", *args], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([python, "-m", "gymserve", "up", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=self.env, text=True, start_new_session=True,
                                      cwd=cwd)
         self.lines: list[str] = []

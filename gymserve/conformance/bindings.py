@@ -50,14 +50,20 @@ def check_openenv(report: Report, probe: Probe, row: dict[str, Any]) -> None:
                f"OpenEnv episode reward {got}, /verify reward {want}")
 
 
-def check_mcp(report: Report, probe: Probe, tool_paths: list[str]) -> None:
+def check_mcp(report: Report, probe: Probe, tool_paths: list[str], row: dict[str, Any] | None = None) -> None:
+    """With an example row, MCP adopts a session seeded with it (an environment may refuse an empty seed)."""
     with report.check("mcp: POST /mcp initializes a session whose tools/list names every tool route; "
                       "DELETE closes it"):
         init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
                 "params": {"protocolVersion": "2025-06-18", "capabilities": {},
                            "clientInfo": {"name": "gymserve-check", "version": "1"}}}
         expect(probe.post("/mcp", init, anonymous=True).status_code == 401, "POST /mcp without the key")
-        r = probe.post("/mcp", init, headers={"Accept": "application/json, text/event-stream"})
+        adopt: dict[str, str] = {}
+        if row:
+            seeded = probe.post("/seed_session", {k: v for k, v in row.items() if k != "agent_ref"})
+            expect(seeded.status_code == 200, f"POST /seed_session: {seeded.status_code} {seeded.text[:200]}")
+            adopt = {"X-Session-Id": seeded.json()["session_id"]}
+        r = probe.post("/mcp", init, headers={"Accept": "application/json, text/event-stream", **adopt})
         expect(r.status_code == 200 and "result" in r.json(), f"initialize: {r.status_code} {r.text[:200]}")
         sid = r.headers.get("mcp-session-id")
         expect(bool(sid), "initialize: no Mcp-Session-Id header")

@@ -111,7 +111,8 @@ def _check_resources(report: Report, pool: Servers, kind: str, options: list[str
         spec = _generic(report, probe, "resources")
         bindings.check_openenv(report, probe, rows[0] if rows else {})
         bindings.check_mcp(report, probe, [path for path, ops in ((spec or {}).get("paths") or {}).items()
-                                           if "tools" in ((ops.get("post") or {}).get("tags") or [])])
+                                           if "tools" in ((ops.get("post") or {}).get("tags") or [])],
+                            rows[0] if rows else None)
         if rows:
             _check_rows(report, probe, rows, _shown(source))
             _check_sessions(report, probe, rows[0])
@@ -229,8 +230,7 @@ def _check_model(report: Report, pool: Servers, kind: str, options: list[str]) -
             expect(r.status_code == 200, f"POST /v1/responses: {r.status_code} {r.text[:200]}")
             out = r.json()
             expect(isinstance(out.get("output"), list) and out["output"], "no output items")
-        training = [o.split("=", 1)[1].lower() for o in options if o.startswith("training_mode=")]
-        if not training or training[-1] not in ("false", "0", "no"):
+        if _training_mode(kind, options):
             with report.check("training mode: a call's last output item carries its token IDs and logprobs"):
                 expect(bool(out.get("output")), "no reply to read token data from (see the call above)")
                 _expect_token_data(out["output"][-1])
@@ -242,6 +242,16 @@ def _check_model(report: Report, pool: Servers, kind: str, options: list[str]) -
                 expect(isinstance(r.json().get("choices"), list) and r.json()["choices"], "no choices")
     finally:
         probe.close()
+
+
+def _training_mode(kind: str, options: list[str]) -> bool:
+    """Whether the server promises token data: an explicit `training_mode=` option, else its config's default
+    (a server with no such option, such as the scripted stub, promises none)."""
+    given = [o.split("=", 1)[1].lower() for o in options if o.startswith("training_mode=")]
+    if given:
+        return given[-1] not in ("false", "0", "no")
+    field = load_server(kind).Config.model_fields.get("training_mode")
+    return bool(field is not None and field.default)
 
 
 def _expect_token_data(item: dict[str, Any]) -> None:

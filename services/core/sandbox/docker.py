@@ -87,10 +87,10 @@ class DockerWorkspace(Workspace):
                 STARTED]
         api = self.provider.api
         if api is not None and not stdin:
-            result = await api.exec(self.id, argv, wall + 10, lim.output_bytes)
+            result = await api.exec(self.id, argv, wall + 10, lim.output_bytes, len(STARTED))
         else:
             result = await run_process([self.provider.docker, "exec", "-i", self.id, *argv], stdin, wall + 10,
-                                       lim.output_bytes)
+                                       lim.output_bytes, stderr_mark=len(STARTED))
         if result.exit_code == 137 and TIMEOUT_MARK.strip() in result.stderr:
             result.stderr = result.stderr.replace(TIMEOUT_MARK.strip(), "")
             result.timed_out, result.exit_code = True, None

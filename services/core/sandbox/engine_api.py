@@ -60,7 +60,8 @@ class EngineAPI:
                                      f"{(await reply.text()).strip()[-400:]}")
             return await reply.json()
 
-    async def exec(self, container: str, argv: list[str], wall_s: float, output_bytes: int) -> ExecResult:
+    async def exec(self, container: str, argv: list[str], wall_s: float, output_bytes: int,
+                   stderr_mark: int = 0) -> ExecResult:
         """Run `argv` in `container`; output past `output_bytes` per stream or past `wall_s` is cut, as in
         `run_process` (exit code None, `output_exceeded` / `timed_out` set). An engine error is a WorkspaceError."""
         try:
@@ -69,7 +70,7 @@ class EngineAPI:
             out, err = bytearray(), bytearray()
             timed_out = over = False
             try:
-                over = await asyncio.wait_for(self._stream(created["Id"], out, err, output_bytes), wall_s)
+                over = await asyncio.wait_for(self._stream(created["Id"], out, err, output_bytes, stderr_mark), wall_s)
             except asyncio.TimeoutError:
                 timed_out = True
             code = None
@@ -80,7 +81,7 @@ class EngineAPI:
         return ExecResult(out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), code,
                           timed_out=timed_out, output_exceeded=over)
 
-    async def _stream(self, exec_id: str, out: bytearray, err: bytearray, limit: int) -> bool:
+    async def _stream(self, exec_id: str, out: bytearray, err: bytearray, limit: int, stderr_mark: int) -> bool:
         """Demultiplex the exec's stream into `out`/`err` until its end; True when a stream went past `limit`."""
         reply = await self.session.post(f"{_BASE}/exec/{exec_id}/start", json={"Detach": False, "Tty": False},
                                         timeout=aiohttp.ClientTimeout(total=None))
@@ -88,14 +89,15 @@ class EngineAPI:
             if reply.status != 200:
                 raise WorkspaceError(f"docker exec failed: start: HTTP {reply.status}: "
                                      f"{(await reply.text()).strip()[-400:]}")
-            return await demux(reply.content, out, err, limit)
+            return await demux(reply.content, out, err, limit, stderr_mark)
         finally:
             reply.close()  # an unread rest (cut output) closes the connection instead of reusing it
 
 
 async def demux(stream: aiohttp.StreamReader | asyncio.StreamReader, out: bytearray, err: bytearray,
-                limit: int) -> bool:
-    """Read frames (type 1 stdout, 2 stderr) keeping at most `limit` bytes per stream; True when more came."""
+                limit: int, stderr_mark: int = 0) -> bool:
+    """Read frames (type 1 stdout, 2 stderr) keeping at most `limit` bytes per stream (stderr `stderr_mark`
+    more, for a provider's start mark); True when more came."""
     while True:
         try:
             header = await stream.readexactly(8)
@@ -105,12 +107,13 @@ async def demux(stream: aiohttp.StreamReader | asyncio.StreamReader, out: bytear
             return False
         size = int.from_bytes(header[4:8], "big")
         buf = err if header[0] == 2 else out
+        cap = limit + stderr_mark if buf is err else limit
         while size:
             chunk = await stream.read(min(size, 65536))
             if not chunk:
                 raise WorkspaceError("docker exec failed: the engine's stream ended inside a frame")
             size -= len(chunk)
-            room = limit - len(buf)
+            room = cap - len(buf)
             buf += chunk[: max(room, 0)]
             if len(chunk) > room:
                 return True

@@ -61,7 +61,8 @@ class FolderWorkspace(Workspace):
                                  str(lim.pids), command, STARTED])
             result = await run_process(argv, stdin, timeout_s or lim.wall_s, lim.output_bytes,
                                        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                                       pass_fds=() if seccomp_fd is None else (seccomp_fd,))
+                                       pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+                                       stderr_mark=len(STARTED))
         except OSError as exc:
             raise WorkspaceError(f"could not start bubblewrap: {exc}") from exc
         finally:

@@ -22,8 +22,10 @@ async def pump(stream: asyncio.StreamReader | None, buf: bytearray, limit: int, 
 
 
 async def run_process(argv: list[str], stdin: bytes, wall_s: float, output_bytes: int, *,
-                      env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> ExecResult:
-    """Run `argv` in its own process group with a wall-clock kill and capped output."""
+                      env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
+                      stderr_mark: int = 0) -> ExecResult:
+    """Run `argv` in its own process group with a wall-clock kill and capped output. `stderr_mark` bytes
+    more are kept on stderr for the start mark a provider's wrapper writes there (stripped later)."""
     proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
                                                 cwd="/", pass_fds=pass_fds)
@@ -45,7 +47,7 @@ async def run_process(argv: list[str], stdin: bytes, wall_s: float, output_bytes
     feeder = asyncio.ensure_future(feed())
     watcher: asyncio.Future[Any] = asyncio.ensure_future(over.wait())
     work: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(pump(proc.stdout, out, output_bytes, over),
-                                                pump(proc.stderr, err, output_bytes, over), proc.wait()))
+                                                pump(proc.stderr, err, output_bytes + stderr_mark, over), proc.wait()))
     timed_out = False
     try:
         done, _ = await asyncio.wait({work, watcher}, timeout=wall_s, return_when=asyncio.FIRST_COMPLETED)

@@ -173,19 +173,23 @@ def test_cli_bad_input_names_the_line(tmp_path):
 
 
 async def test_demo_runs_present_agents_and_skips_missing(stack, tmp_path, capsys):
+    from rich.console import Console
+    from rich.progress import Progress
+
     from gymserve.demo import REPO, print_table, run_demo
 
     head, _ = stack
     datasets = [REPO / "datasets/exact_match/example.jsonl", REPO / "datasets/mcqa/example.jsonl"]
-    results = await run_demo(head.url, rows_per_env=2, max_output_tokens=16, repeats=1, out_dir=tmp_path,
-                             datasets=datasets)
-    by_env = {r["env"]: r for r in results}
+    with Progress(disable=True) as progress:
+        results = await run_demo(head.url, rows_per_env=2, max_output_tokens=16, repeats=1, out_dir=tmp_path,
+                                 datasets=datasets, left_out={}, judges={}, progress=progress)
+    by_env = {r["environment"]: r for r in results}
     assert by_env["exact_match"]["rollouts"] == 2 and by_env["exact_match"]["scored"] == 2
     assert by_env["exact_match"]["mean_reward"] == pytest.approx(0.5)  # the stub answers "Paris"
-    assert "mcqa_simple_agent" in by_env["mcqa"]["skipped"]
-    print_table(results)
+    assert "mcqa_simple_agent" in by_env["mcqa"]["reason"] and by_env["mcqa"]["rollouts"] == 0
+    print_table(results, Console(width=200))
     out = capsys.readouterr().out
-    assert "exact_match" in out and "skipped" in out
+    assert "exact_match" in out and "mcqa_simple_agent not in the stack" in out
     assert len((tmp_path / "exact_match.jsonl").read_text().splitlines()) == 2
 
 

@@ -36,7 +36,7 @@ KEY = "ray-test-key-5c1e"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-def _processes_under(folder: str) -> list[str]:
+def processes_under(folder: str) -> list[str]:
     """Command lines of live processes that mention `folder` (Ray's daemons carry their session dir)."""
     found = []
     for entry in Path("/proc").iterdir():
@@ -52,7 +52,7 @@ def _processes_under(folder: str) -> list[str]:
     return found
 
 
-def _wait(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
+def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:
@@ -79,7 +79,7 @@ def ray_up():
                 code = up.wait(120)
                 assert code == 0, up.output[-3000:]
                 assert "all servers stopped and Ray shut down" in up.output
-            _wait(lambda: not _processes_under(temp), 30, "Ray's processes to exit")
+            wait_until(lambda: not processes_under(temp), 30, "Ray's processes to exit")
         finally:
             up.kill()
             shutil.rmtree(temp, ignore_errors=True)
@@ -170,7 +170,7 @@ def test_collect_survives_a_killed_math_replica(ray_up, tmp_path, monkeypatch):
         ok = replicas["running"] == 2 and victim not in replicas["pids"] and replicas["restarts"] >= 1
         return replicas if ok else None
 
-    replicas = _wait(replaced, 90, "Ray to replace the killed math replica")
+    replicas = wait_until(replaced, 90, "Ray to replace the killed math replica")
     assert replicas["restarts"] == before["restarts"] + 1
     assert _health(head)["math"]["healthy"] is True
 

@@ -21,7 +21,7 @@ import pytest
 
 from services.core.failures import FAILURE_KINDS
 from services.resources.workplace.dataset import build_rows
-from tests.integration.test_up_ray import _processes_under, _wait
+from tests.integration.test_up_ray import processes_under, wait_until
 from tests.integration.up_helpers import Up
 from trainer.client import RolloutClient
 from trainer.collect import collect, sibling
@@ -71,7 +71,7 @@ def stack():
                 os.killpg(up.proc.pid, signal.SIGINT)
                 code = up.wait(120)
                 assert code == 0, up.output[-3000:]
-            _wait(lambda: not _processes_under(temp), 30, "Ray's processes to exit")
+            wait_until(lambda: not processes_under(temp), 30, "Ray's processes to exit")
             assert not list(Path(tmpdir).glob("gymserve-sessions-*")), "the journal folder was left behind"
         finally:
             up.kill()
@@ -117,7 +117,7 @@ def test_every_rollout_of_a_two_replica_stateful_environment_scores(stack, tmp_p
     for replica in registry:
         assert httpx.get(f"{replica['url']}/health", timeout=10).json() == {"status": "ok"}
         assert httpx.post(f"{replica['url']}/seed_session", json={}, timeout=10).status_code == 401, "keyless"
-    assert _wait(lambda: not _journals(store), 10, "finished sessions' journals to go") is True
+    assert wait_until(lambda: not _journals(store), 10, "finished sessions' journals to go") is True
 
 
 def test_sessions_of_a_killed_workplace_replica_are_rebuilt(stack, tmp_path, monkeypatch):
@@ -136,7 +136,7 @@ def test_sessions_of_a_killed_workplace_replica_are_rebuilt(stack, tmp_path, mon
     assert all(r["reward"] == 1.0 and not r.get("mask_sample") for r in rollouts), \
         [r for r in rollouts if r["reward"] != 1.0][:2]  # nothing fabricated: every scored rollout is right
     assert len(failures) <= n * 0.02, [f["failure_reason"] for f in failures[:5]]
-    _wait(lambda: _replicas(head, "workplace")["running"] == 2, 120, "Ray to replace the killed replica")
+    wait_until(lambda: _replicas(head, "workplace")["running"] == 2, 120, "Ray to replace the killed replica")
 
 
 def test_a_killed_agent_replica_costs_only_honest_masks(stack, tmp_path, monkeypatch):

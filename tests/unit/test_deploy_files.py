@@ -15,14 +15,14 @@ from services.core.loader import load_server
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _serve_commands(args: list[str]) -> tuple[str, list[str]]:
+def serve_commands(args: list[str]) -> tuple[str, list[str]]:
     assert args[0] == "serve", args
     kind = args[1]
     overrides = [a for a in args[2:] if "=" in a and not a.startswith("-")]
     return kind, overrides
 
 
-def _check(kind: str, overrides: list[str]) -> None:
+def check_kind_options(kind: str, overrides: list[str]) -> None:
     module = load_server(kind)
     values = apply_overrides({"kind": kind, "name": "x"}, overrides)
     build_server_config(module.Config, values, where=kind)
@@ -40,7 +40,7 @@ def test_compose_servers_are_real_kinds_with_valid_options(path):
         command = service.get("command")
         if not command or command[0] != "serve":
             continue
-        _check(*_serve_commands(command))
+        check_kind_options(*serve_commands(command))
         checked += 1
     assert checked >= 1
 
@@ -99,7 +99,7 @@ def test_kubernetes_manifest_servers_validate():
     assert deployments
     for dep in deployments:
         for container in dep["spec"]["template"]["spec"]["containers"]:
-            _check(*_serve_commands(container["args"]))
+            check_kind_options(*serve_commands(container["args"]))
 
 
 def test_slurm_script_is_valid_bash():

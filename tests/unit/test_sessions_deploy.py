@@ -15,7 +15,7 @@ import yaml
 from services.core.config import apply_overrides, build_server_config
 from services.core.loader import load_server
 from services.resources.workplace.app import Workplace
-from tests.unit.test_deploy_files import _check, _serve_commands
+from tests.unit.test_deploy_files import check_kind_options, serve_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = "GYMSERVE_SESSION_STORE"
@@ -35,8 +35,8 @@ def test_compose_stateful_services_share_a_session_folder_and_can_scale(monkeypa
         mount = next(m for m in mounts if store.startswith(m + "/"))
         volumes[name] = mounts[mount]
         assert "container_name" not in service and "ports" not in service, f"{name} cannot be scaled"
-        kind, overrides = _serve_commands(service["command"])
-        _check(kind, overrides)
+        kind, overrides = serve_commands(service["command"])
+        check_kind_options(kind, overrides)
         monkeypatch.setenv(STORE, store)  # what the container's environment gives the server
         config = build_server_config(load_server(kind).Config, apply_overrides({"kind": kind, "name": name},
                                                                                overrides), where=name)
@@ -56,7 +56,7 @@ def test_kubernetes_stateful_deployments_share_a_read_write_many_claim():
         pod = dep["spec"]["template"]["spec"]
         claim = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]}
         for container in pod["containers"]:
-            _check(*_serve_commands(container["args"]))
+            check_kind_options(*serve_commands(container["args"]))
             env = {e["name"]: e for e in container["env"]}
             mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
             store = env[STORE]["value"]

@@ -39,7 +39,16 @@ def _row(answer: str, script: list | None = None) -> dict:
 
 @pytest.fixture(scope="module")
 def stack():
-    head = ServerProcess("head", "health_interval_s=0.5", "probe_timeout_s=30", name="head").start()
+    yield from _stack("health_interval_s=0.5")
+
+
+@pytest.fixture()
+def default_sampling_stack():
+    yield from _stack()  # the head samples its servers every 5 s, as `gymserve up` runs it
+
+
+def _stack(*head_options: str):
+    head = ServerProcess("head", *head_options, "probe_timeout_s=30", name="head").start()
     procs: list[ServerProcess] = []
     try:
         env = {"GYMSERVE_HEAD_URL": head.url}
@@ -202,6 +211,30 @@ def test_charts_have_data_and_labels_apart_after_a_short_run(stack, browser, tmp
     for chart in boxes:
         assert not _overlaps(chart), chart
     browser.screenshot(probe.as_uri(), SCREENSHOT_DIR / "collect_report.png", budget_ms=1000)
+
+
+def test_a_short_run_shows_on_every_chart_at_the_default_sampling(default_sampling_stack, browser, tmp_path):
+    """At the default 5 s sampling and no forced probe: a run of a few seconds is on the mean-reward,
+    histogram and traffic charts once the head's timer has sampled after it, as a user opening the
+    dashboard after `gymserve collect` sees it."""
+    head = default_sampling_stack
+    assert head.get("/dashboard/data").json()["refresh_s"] == 5.0
+    rows = [_row("Paris" if i % 3 else "Rome", [{"sleep": 0.3, "text": "Paris"}]) for i in range(30)]
+    _collect(head.url, rows, tmp_path / "short.jsonl")  # about 3 s at concurrency 3
+    ended = time.time()
+    deadline = time.monotonic() + 30
+    while head.get("/dashboard/data").json()["generated_at"] <= ended:  # the timer's next round, not ours
+        assert time.monotonic() < deadline, "the head never sampled after the run"
+        time.sleep(0.5)
+    dom = DomIndex(browser.dump_dom(f"{head.url}/dashboard", budget_ms=3000))
+    card = dom.find("div", data_env="exact_match")[0]
+    charts = {el.attrs["data-chart"]: el for el in dom.find("div", data_chart="*")}
+    for key in ("rates", "latency"):
+        assert int(charts[key].attrs.get("data-points", "0")) > 0, (key, charts[key].attrs)
+    for key in ("reward-mean", "reward-histogram"):
+        chart = dom.within(card, "div", data_chart=key)[0]
+        assert int(chart.attrs.get("data-points", "0")) > 0, (key, chart.attrs)
+    browser.screenshot(f"{head.url}/dashboard", SCREENSHOT_DIR / "dashboard_default_sampling.png", budget_ms=3000)
 
 
 # In the browser: each SVG chart's x tick labels (the text under the plot) with their rendered extents.

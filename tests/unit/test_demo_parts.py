@@ -84,3 +84,13 @@ def test_without_bubblewrap_the_sandboxed_environments_leave_the_stack(tmp_path)
     assert not [name for name in servers if name.split("_")[0] in demo.SANDBOXED]
     assert "workplace_assistant" in servers and "rule_judge" in servers
     assert demo.demo_overlay(tmp_path, []) == demo.STACKS / "demo.yaml"
+
+
+def test_the_policy_runs_in_bfloat16_only_on_a_cpu_with_amx_and_never_over_a_users_choice(tmp_path) -> None:
+    amx, plain = tmp_path / "amx", tmp_path / "plain"
+    amx.write_text("flags\t\t: fpu avx512f amx_bf16 amx_tile\n")
+    plain.write_text("flags\t\t: fpu avx512f avx512_bf16\n")
+    assert demo.policy_dtype_override([], amx) == ["servers.policy_model.dtype=bfloat16"]
+    assert demo.policy_dtype_override([], plain) == []
+    assert demo.policy_dtype_override(["servers.policy_model.dtype=float32"], amx) == []
+    assert demo.policy_dtype_override([], tmp_path / "missing") == []

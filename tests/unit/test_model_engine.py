@@ -108,6 +108,36 @@ def test_short_row_leaves_before_the_long_one_ends(model_and_tokenizer) -> None:
     assert order == ["short", "long"]
 
 
+def test_rows_of_very_different_lengths_decode_in_separate_batches(model_and_tokenizer) -> None:
+    """Short prompts joining a batch that holds a long one would pad their caches to the long width
+    (mostly padding): they decode in a batch of their own instead, with the same tokens and logprobs
+    as alone."""
+    engine = _engine(model_and_tokenizer, max_batch_size=4, batch_wait_s=0.0)
+    long_prompt, short_prompts = list(range(10, 400)), [[8, 9], [4, 5, 6], [7]]
+    lanes: list[int] = []
+
+    async def scenario():
+        long = asyncio.create_task(engine.generate(long_prompt, _greedy(60)))
+        while engine.steps < 2:
+            await asyncio.sleep(0.001)
+        engine.batch_wait_s = 60.0  # the three short rows join together, when they fill the free rows
+        short = asyncio.gather(*(engine.generate(p, _greedy(20)) for p in short_prompts))
+        while not short.done():
+            lanes.append(engine.lanes)
+            await asyncio.sleep(0.001)
+        return [await long, *await short]
+
+    try:
+        results = asyncio.run(scenario())
+    finally:
+        engine.stop()
+    assert max(lanes) == 2
+    for prompt, (gen,) in zip([long_prompt, *short_prompts], results):
+        ids, logprobs = _reference(model_and_tokenizer, prompt, len(gen.token_ids))
+        assert gen.token_ids == ids
+        assert gen.logprobs == pytest.approx(logprobs, abs=1e-4)
+
+
 @pytest.mark.timeout(120)
 def test_a_cancelled_request_leaves_the_batch_and_the_engine_goes_on(model_and_tokenizer) -> None:
     """A request cancelled mid-generation (its client went away) stops decoding: its rows leave the

@@ -1,11 +1,14 @@
 """Continuously batched generation engine: one dedicated thread runs every forward pass.
 
-The running batch is one left-padded KV cache. At every decoding step the thread admits
+A running batch is one left-padded KV cache. At every decoding step the thread admits
 waiting requests (first come, first served, as many rows as fit `max_batch_size`, `n`
 counts as n rows): their prompts are prefilled together and their caches are merged into
-the running one, so new sequences join without waiting for the batch to finish. Rows that
-finish (stop token, stop string, max tokens) leave at once: their cache rows are dropped
-and all-padding columns trimmed, so a short rollout never waits for the longest one.
+a running batch, so new sequences join without waiting for the batch to finish. Rows of
+very different lengths run in separate batches, each stepped in turn: padding a short math
+prompt's cache to a long tool prompt's width would make every one of its steps read (and
+every merge copy) mostly padding. Rows that finish (stop token, stop string, max tokens)
+leave at once: their cache rows are dropped and all-padding columns trimmed, so a short
+rollout never waits for the longest one.
 Each row keeps its own sampling settings and seeded generator; the logprob of every
 sampled token is read from the same forward pass that sampled it. torch releases the GIL
 during the forward passes, so the event loop stays responsive.
@@ -77,6 +80,15 @@ class _Batch:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def takes(self, mask: torch.Tensor) -> bool:
+        """Whether rows with this prompt mask may join: after the merge, padding stays at most half
+        of the cache."""
+        if not self.rows:
+            return True
+        assert self.mask is not None
+        cells = (len(self.rows) + mask.shape[0]) * max(self.mask.shape[1], mask.shape[1])
+        return cells <= 2 * (int(self.mask.sum()) + int(mask.sum()))
 
     def merge(self, rows: list[_Row], cache: Any, mask: torch.Tensor, positions: torch.Tensor) -> None:
         """Append freshly prefilled rows; the shorter side is left-padded to the longer one."""
@@ -162,6 +174,7 @@ class Engine:
         self.tokens = 0
         self.steps = 0  # decoding forward passes
         self.running = 0  # rows decoding now
+        self.lanes = 0  # running batches now: rows of very different lengths decode apart
         self.waiting = 0  # rows queued, not yet admitted
         self.weights_version = 0  # advanced by update_weights; every Generation carries the one it used
         self._inflight = 0  # generate() calls between the weights gate and their result
@@ -254,38 +267,42 @@ class Engine:
         if self.threads:
             torch.set_num_threads(self.threads)  # OpenMP thread counts are per calling thread: set it here
         pending: list[_Job] = []
-        batch = _Batch()
+        batches: list[_Batch] = []
         while True:
-            idle = not batch and not pending
+            idle = not batches and not pending
             try:
                 stopped = self._collect(pending, block=idle)
             except Exception:  # never let the thread die
                 log.exception("generation queue failed")
                 stopped = False
             if stopped:
-                self._fail([r.job for r in batch.rows] + pending, RuntimeError("engine stopped"))
+                self._fail([r.job for b in batches for r in b.rows] + pending, RuntimeError("engine stopped"))
                 return
-            self._drop_cancelled(pending, batch)
-            self.running, self.waiting = len(batch), sum(j.n for j in pending)
-            if pending and (self.continuous or not batch) and self._may_join(pending, len(batch)):
-                group = self._admissible(pending, len(batch))
+            self._drop_cancelled(pending, batches)
+            batches = [b for b in batches if b]
+            running = sum(len(b) for b in batches)
+            self.running, self.waiting = running, sum(j.n for j in pending)
+            if pending and (self.continuous or not batches) and self._may_join(pending, running):
+                group = self._admissible(pending, running)
                 if group:
                     try:
                         with torch.inference_mode():
-                            self._prefill(group, batch)
+                            self._prefill(group, batches)
                     except Exception as exc:  # a failed prefill fails its requests, never the thread
                         log.exception("prefill failed")
                         self._fail(group, exc)
-            if not batch:
-                continue
-            try:
-                with torch.inference_mode():
-                    self._step(batch)
-            except Exception as exc:  # a failed step fails the running requests, never the thread
-                log.exception("decoding step failed")
-                self._fail(list({id(r.job): r.job for r in batch.rows}.values()), exc)
-                batch = _Batch()
-            self.running = len(batch)
+            for batch in batches:
+                if not batch:
+                    continue
+                try:
+                    with torch.inference_mode():
+                        self._step(batch)
+                except Exception as exc:  # a failed step fails the batch's requests, never the thread
+                    log.exception("decoding step failed")
+                    self._fail(list({id(r.job): r.job for r in batch.rows}.values()), exc)
+                    batch.rows = []
+            batches = [b for b in batches if b]
+            self.running, self.lanes = sum(len(b) for b in batches), len(batches)
 
     def _collect(self, pending: list[_Job], *, block: bool) -> bool:
         """Move queued jobs into `pending`; True when stop() was called."""
@@ -317,15 +334,16 @@ class Engine:
             pending.append(item)
 
     @staticmethod
-    def _drop_cancelled(pending: list[_Job], batch: _Batch) -> None:
+    def _drop_cancelled(pending: list[_Job], batches: list[_Batch]) -> None:
         """Jobs whose request was cancelled (its client went away) give up their place and their rows:
         nobody reads what they would generate."""
         pending[:] = [job for job in pending if not job.future.cancelled()]
-        gone = [row for row in batch.rows if row.job.future.cancelled()]
-        for row in gone:
-            row.done = True
-        if gone:
-            batch.drop_finished()  # finished rows already left in `_finish`: only these go
+        for batch in batches:
+            gone = [row for row in batch.rows if row.job.future.cancelled()]
+            for row in gone:
+                row.done = True
+            if gone:
+                batch.drop_finished()  # finished rows already left in `_finish`: only these go
 
     def _may_join(self, pending: list[_Job], running: int) -> bool:
         """Whether waiting rows are prefilled now. Into a running batch they join as a group: when
@@ -339,17 +357,24 @@ class Engine:
                 or time.monotonic() - pending[0].queued_at >= self.batch_wait_s)
 
     def _admissible(self, pending: list[_Job], running: int) -> list[_Job]:
-        """The oldest waiting jobs that fit beside the running rows (first come, first served)."""
+        """The oldest waiting jobs that fit beside the running rows (first come, first served).
+
+        A group's prompts are left-padded to its longest one, so a short prompt never shares a prefill
+        whose padding would outweigh the prompts: after a long workplace prompt, the short math prompts
+        behind it join at the next step as their own group instead of being padded to its length."""
         group: list[_Job] = []
-        rows = width = 0
+        rows = width = tokens = 0
         while pending:
             job = pending[0]
             wider = max(width, len(job.prompt_ids))
-            fits = running + rows + job.n <= self.max_batch_size and (rows + job.n) * wider <= self.max_batch_tokens
+            padded = (rows + job.n) * wider
+            lean = padded <= 2 * (tokens + job.n * len(job.prompt_ids))
+            fits = (running + rows + job.n <= self.max_batch_size and padded <= self.max_batch_tokens
+                    and (lean or not group))
             if not fits and (group or running):
                 break  # the head of the queue waits for room; nobody overtakes it
             group.append(pending.pop(0))
-            rows, width = rows + job.n, wider
+            rows, width, tokens = rows + job.n, wider, tokens + job.n * len(job.prompt_ids)
         return group
 
     @staticmethod
@@ -357,8 +382,9 @@ class Engine:
         for job in jobs:
             job.loop.call_soon_threadsafe(_set_exception, job.future, exc)
 
-    def _prefill(self, jobs: list[_Job], batch: _Batch) -> None:
-        """Run the prompts of `jobs` together, sample each row's first token, merge them into `batch`."""
+    def _prefill(self, jobs: list[_Job], batches: list[_Batch]) -> None:
+        """Run the prompts of `jobs` together, sample each row's first token, merge them into the first
+        running batch they fit by width (or a batch of their own)."""
         rows: list[_Row] = []
         for job in jobs:
             for i in range(job.n):
@@ -381,6 +407,10 @@ class Engine:
                          **self._last_logits)
         self._pick(rows, out.logits[:, -1, :])
         cache = out.past_key_values
+        batch = next((b for b in batches if b.takes(mask)), None)
+        if batch is None:
+            batch = _Batch()
+            batches.append(batch)
         if batch and not _mergeable(cache):
             raise RuntimeError("this model's KV cache cannot be merged (continuous=False serves it)")
         batch.merge(rows, cache, mask, positions[:, -1:] + 1)

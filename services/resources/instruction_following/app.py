@@ -109,7 +109,7 @@ class InstructionFollowing(Environment):
         reward = float(all_passed) if mode == "all" else sum(passed) / len(passed)
         return scored_reply(
             request, reward,
-            instruction_results=[{"id": iid, "passed": ok} for (iid, _), ok in zip(pairs, passed)],
+            instruction_results=[InstructionResult(id=iid, passed=ok) for (iid, _), ok in zip(pairs, passed)],
             follow_all_instructions=all_passed, follow_instruction_list=passed,
             strictness=self.config.strictness,
         )

@@ -31,7 +31,7 @@ test-fast: install
 catalogue: install
 	$(PY) -m tests.compat.catalogue_run $(CATALOGUE_ARGS)
 
-BENCHMARKS := pool_throughput verify_math verify_envs code_exec reward_model agent_run collect_routing model_hf head_proxy head_cpu versus_revision tail_latency tail_mix batch_completion ray_backend
+BENCHMARKS := pool_throughput verify_math verify_envs code_exec reward_model agent_run collect_routing model_hf model_hf_mixed model_vllm head_proxy head_cpu versus_revision tail_latency tail_mix batch_completion ray_backend
 
 bench: install
 	@for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py || exit 1; done

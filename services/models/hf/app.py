@@ -17,7 +17,7 @@ from pydantic import Field
 
 from services.core.app import create_app, read_json, session_id
 from services.core.config import ServerConfig
-from services.core.errors import BadRequest, GymError, PayloadTooLarge, Unavailable
+from services.core.errors import BadRequest, PayloadTooLarge
 from services.core.openapi import SESSION_HEADER, describe
 from services.core.schemas import ResponseObject
 
@@ -25,7 +25,7 @@ from .. import openai_api as oa
 from ..openai_api import ChatRequest, ResponsesRequest
 from .service import Choice, HFModel, Turn, default_threads
 from .templates import TOOL_CALL_OPEN
-from .weights import WeightsUpdate
+from .weights import add_weights_route
 
 
 class Config(ServerConfig):
@@ -88,19 +88,8 @@ def build(config: Config) -> FastAPI:
         counters = {k: getattr(engine, k, 0) for k in ("batches", "rows", "tokens")} if engine else {}
         return {"model": model.served_name, "weights_version": model.weights_version, **counters}
 
-    @app.post("/v1/weights", **describe(body=WeightsUpdate, reply={"type": "object", "properties": {
-        "weights_version": {}, "seconds": {"type": "number"}}}, errors=(403, 409, 503)))
-    async def update_weights(request: Request) -> dict[str, Any]:
-        """A trainer on this host hands over new weights as a safetensors file path (see weights.py)."""
-        update: WeightsUpdate = oa.parse_request(WeightsUpdate, await read_json(request))
-        if not config.accept_weights:
-            raise GymError("weight updates are off on this server (start it with accept_weights=true: "
-                           "training stacks set it)", status_code=403)
-        if not model.ready:
-            raise Unavailable("the model is still loading")
-        started = time.perf_counter()
-        version = await model.update_weights(update.path, update.version)
-        return {"weights_version": version, "seconds": round(time.perf_counter() - started, 3)}
+    add_weights_route(app, accept=config.accept_weights, apply=model.update_weights,
+                      unavailable=lambda: None if model.ready else "the model is still loading")
 
     @app.post("/v1/chat/completions", **describe(body=oa.ChatRequest, reply=oa.ChatCompletion, stream=True,
                                                  parameters=[SESSION_HEADER], errors=(429, 502, 503, 504)))

@@ -14,12 +14,18 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
+from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
 
-from services.core.errors import BadRequest
+from services.core.app import read_json
+from services.core.errors import BadRequest, GymError, Unavailable
+from services.core.openapi import describe
+
+from .. import openai_api as oa
 
 
 class WeightsUpdate(BaseModel):
@@ -27,6 +33,26 @@ class WeightsUpdate(BaseModel):
 
     path: str = Field(..., description="a .safetensors file on this host with the model's tensors (all or some)")
     version: int = Field(..., ge=0, description="the trainer's weights version (its optimizer step)")
+
+
+def add_weights_route(app: FastAPI, *, accept: bool, unavailable: Callable[[], str | None],
+                      apply: Callable[[str, int], Awaitable[int]]) -> None:
+    """`POST /v1/weights` of a policy server (models/hf swaps the tensors in, models/vllm pushes them
+    into vLLM): off unless the stack accepts weights, a 503 while `unavailable()` names a reason."""
+
+    @app.post("/v1/weights", **describe(body=WeightsUpdate, reply={"type": "object", "properties": {
+        "weights_version": {}, "seconds": {"type": "number"}}}, errors=(403, 409, 503)))
+    async def update_weights(request: Request) -> dict[str, Any]:
+        update: WeightsUpdate = oa.parse_request(WeightsUpdate, await read_json(request))
+        if not accept:
+            raise GymError("weight updates are off on this server (start it with accept_weights=true: "
+                           "training stacks set it)", status_code=403)
+        reason = unavailable()
+        if reason:
+            raise Unavailable(reason)
+        started = time.perf_counter()
+        version = await apply(update.path, update.version)
+        return {"weights_version": version, "seconds": round(time.perf_counter() - started, 3)}
 
 
 def check_path(path: str) -> Path:

@@ -17,19 +17,18 @@ are on (`VLLM_SERVER_DEV_MODE=1`) for `POST /v1/weights` (weights.py).
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from pydantic import Field, model_validator
 
-from services.core.app import create_app, read_json
+from services.core.app import create_app
 from services.core.config import ServerConfig
-from services.core.errors import GymError, Unavailable
+from services.core.errors import Unavailable
 from services.core.openapi import describe
 
 from .. import openai_api as oa
-from ..hf.weights import WeightsUpdate
+from ..hf.weights import add_weights_route
 from ..openai_proxy.app import Config as ProxyConfig
 from ..openai_proxy.app import add_routes
 from ..openai_proxy.proxy import OpenAIProxy
@@ -113,19 +112,8 @@ def build(config: Config) -> FastAPI:
         return {"model": server.served_name, "weights_version": server.weights_version,
                 "vllm_url": server.base_url, "weight_pushes": server.pushes}
 
-    @app.post("/v1/weights", **describe(body=WeightsUpdate, reply={"type": "object", "properties": {
-        "weights_version": {}, "seconds": {"type": "number"}}}, errors=(403, 409, 503)))
-    async def update_weights(request: Request) -> dict[str, Any]:
-        """A trainer on this host hands over new weights as a safetensors file; pushed into vLLM (weights.py)."""
-        update: WeightsUpdate = oa.parse_request(WeightsUpdate, await read_json(request))
-        if not config.accept_weights:
-            raise GymError("weight updates are off on this server (start it with accept_weights=true: "
-                           "training stacks set it)", status_code=403)
-        if not server.alive:
-            raise Unavailable("vLLM is not running")
-        started = time.perf_counter()
-        version = await server.push_weights(update.path, update.version)
-        return {"weights_version": version, "seconds": round(time.perf_counter() - started, 3)}
+    add_weights_route(app, accept=config.accept_weights, apply=server.push_weights,
+                      unavailable=lambda: None if server.alive else "vLLM is not running")
 
     add_routes(app, front, config)  # type: ignore[arg-type]
     return app

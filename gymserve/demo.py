@@ -347,8 +347,10 @@ def main(argv: list[str] | None = None) -> int:
                 head_url = args.head.rstrip("/")
             else:
                 fast = policy_dtype_override(args.overrides)
-                console.print(f"starting the demo stack (default + demo.yaml{'; policy in bfloat16 (AMX)' if fast else ''});"
-                              f" server logs: {log}")
+                if fast:
+                    console.print("the policy runs in bfloat16: this CPU has AMX "
+                                  "(servers.policy_model.dtype=float32 keeps float32)")
+                console.print(f"starting the demo stack (default + demo.yaml); server logs: {log}")
                 stack = Stack(files, [*args.overrides, *fast], log)
                 head_url = stack.head_url
                 cleanup.callback(_stop, stack, console, phases)

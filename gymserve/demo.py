@@ -3,8 +3,9 @@
 Starts `gymserve up` with the default stack plus `gymserve/stacks/demo.yaml` (the judged and
 sandboxed environments, a scripted rule judge and a scripted reference policy), its logs going to
 a file. For every bundled example dataset it collects the embedded policy's rollout of its first
-row (`--rows`) and every row's reference answer through the same agent -> environment -> verify path, prints one
-table, writes `summary.json` next to the rollouts, and stops the stack with SIGINT. Options:
+row (`--rows`) and every row's reference answer through the same agent -> environment -> verify
+path, prints one table, writes `summary.json` next to the rollouts, and stops the stack with
+SIGINT. Options:
 `--rows`, `--max-output-tokens`, `--repeats`, `--out`, `--head` (use a running stack), and
 `-- key=value ...` stack overrides passed to `gymserve up`.
 """
